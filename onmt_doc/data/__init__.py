@@ -1,0 +1,1 @@
+"""Data pipeline: document files → subwords → ids → instances → token-budget batches."""

@@ -1,0 +1,174 @@
+"""Token-budget batches: collation into padded tensors, bucketing, sharding and resumable order."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Iterator, Optional, Sequence
+
+import numpy as np
+import torch
+
+from onmt_doc.data.instances import Example
+from onmt_doc.data.vocab import BOS_ID, EOS_ID, PAD_ID, SOS_ID
+
+
+@dataclass
+class Batch:
+    src: torch.Tensor                        # [B, S]
+    src_groups: torch.Tensor                 # [B, S] sentence tag k on sentence k, 0 on padding
+    tgt_in: Optional[torch.Tensor] = None    # [B, T] <bos> + target
+    tgt_out: Optional[torch.Tensor] = None   # [B, T] target + <eos>
+    tgt_groups: Optional[torch.Tensor] = None  # [B, T] tags of tgt_in (0 on <bos> and padding)
+    doc_index: Optional[torch.Tensor] = None   # [B] document of each example
+    first_sent: Optional[torch.Tensor] = None  # [B] index of the example's first sentence in its document
+    extra: dict = field(default_factory=dict)  # [B, T] per-target-token tensors (e.g. z_star)
+    n_src_tokens: int = 0
+    n_tgt_tokens: int = 0                      # non-padding tokens of tgt_out
+    indices: Optional[np.ndarray] = None       # positions of the examples in their source list
+
+    @property
+    def size(self) -> int:
+        return self.src.size(0)
+
+    def to(self, device: torch.device) -> "Batch":
+        moved = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                value = value.to(device, non_blocking=True)
+            elif f.name == "extra":
+                value = {k: v.to(device, non_blocking=True) for k, v in value.items()}
+            moved[f.name] = value
+        return Batch(**moved)
+
+
+def group_tags(ids: np.ndarray) -> np.ndarray:
+    """Tag k on every token of the k-th ``<s> … </s>`` sentence, 0 on <bos>/<eos>/padding."""
+    tags = np.cumsum(ids == SOS_ID, axis=1)
+    tags[(ids == PAD_ID) | (ids == BOS_ID) | (ids == EOS_ID)] = 0
+    return tags
+
+
+def _pad(seqs: Sequence[np.ndarray], prefix: Optional[int] = None, suffix: Optional[int] = None) -> np.ndarray:
+    extra = (prefix is not None) + (suffix is not None)
+    out = np.full((len(seqs), max(len(s) for s in seqs) + extra), PAD_ID, dtype=np.int64)
+    start = 1 if prefix is not None else 0
+    for i, s in enumerate(seqs):
+        if prefix is not None:
+            out[i, 0] = prefix
+        out[i, start:start + len(s)] = s
+        if suffix is not None:
+            out[i, start + len(s)] = suffix
+    return out
+
+
+def collate(examples: Sequence[Example], indices: Optional[np.ndarray] = None) -> Batch:
+    src = _pad([e.src for e in examples])
+    batch = Batch(src=torch.from_numpy(src), src_groups=torch.from_numpy(group_tags(src)),
+                  doc_index=torch.tensor([e.doc for e in examples]),
+                  first_sent=torch.tensor([e.first for e in examples]),
+                  n_src_tokens=int((src != PAD_ID).sum()), indices=indices)
+    if examples[0].tgt is not None:
+        tgt_in = _pad([e.tgt for e in examples], prefix=BOS_ID)
+        tgt_out = _pad([e.tgt for e in examples], suffix=EOS_ID)
+        batch.tgt_in, batch.tgt_out = torch.from_numpy(tgt_in), torch.from_numpy(tgt_out)
+        batch.tgt_groups = torch.from_numpy(group_tags(tgt_in))
+        batch.n_tgt_tokens = int((tgt_out != PAD_ID).sum())
+        for key in examples[0].extra:
+            batch.extra[key] = torch.from_numpy(_pad([e.extra[key] for e in examples], suffix=0))
+    return batch
+
+
+def example_lengths(examples: Sequence[Example]) -> tuple[np.ndarray, np.ndarray]:
+    """Padded lengths as collation makes them (targets get <bos>/<eos>)."""
+    src = np.fromiter((len(e.src) for e in examples), dtype=np.int64, count=len(examples))
+    tgt = np.fromiter((0 if e.tgt is None else len(e.tgt) + 1 for e in examples), dtype=np.int64,
+                      count=len(examples))
+    return src, tgt
+
+
+def token_batches(order: np.ndarray, src_len: np.ndarray, tgt_len: np.ndarray,
+                  batch_tokens: int, max_examples: int = 0) -> list[np.ndarray]:
+    """Cut ``order`` into consecutive batches with B * max(src, tgt length) <= batch_tokens
+    (and B <= max_examples when set).
+
+    An example longer than the budget forms a batch of its own rather than being dropped.
+    """
+    batches, start, longest = [], 0, 0
+    for i, idx in enumerate(order):
+        n = max(src_len[idx], tgt_len[idx])
+        if i > start and (max(longest, n) * (i - start + 1) > batch_tokens
+                          or (max_examples and i - start >= max_examples)):
+            batches.append(order[start:i])
+            start, longest = i, 0
+        longest = max(longest, n)
+    if len(order) > start:
+        batches.append(order[start:])
+    return batches
+
+
+class BatchSampler:
+    """Seeded bucketed batches, the same on every rank, each rank taking its share.
+
+    An epoch's batches are a pure function of (seed, epoch): examples are sorted by length with a
+    random tie-break, cut into token-budget batches and shuffled. Resuming is therefore just a
+    position (epoch, batches consumed), which the checkpoint stores. Every example is used every
+    epoch; with several ranks the last round is completed by repeating batches from the start of
+    the epoch so all ranks take the same number of steps.
+    """
+
+    def __init__(self, examples: Sequence[Example], batch_tokens: int, seed: int = 1,
+                 shuffle: bool = True, rank: int = 0, world: int = 1):
+        self.examples = examples
+        self.src_len, self.tgt_len = example_lengths(examples)
+        self.batch_tokens, self.seed, self.shuffle = batch_tokens, seed, shuffle
+        self.rank, self.world = rank, world
+        self.epoch, self.position = 0, 0
+        self._cache: tuple[int, list[np.ndarray]] = (-1, [])
+
+    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+        """This rank's batches (example indices) for an epoch."""
+        if self._cache[0] == epoch:
+            return self._cache[1]
+        n = len(self.examples)
+        if self.shuffle:
+            rng = np.random.default_rng([self.seed, epoch])
+            noise = rng.random(n)
+            order = np.lexsort((noise, self.src_len, self.tgt_len))
+        else:
+            order = np.lexsort((self.src_len, self.tgt_len))
+        batches = token_batches(order, self.src_len, self.tgt_len, self.batch_tokens)
+        if self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        if self.world > 1:
+            short = (-len(batches)) % self.world
+            batches = batches + [batches[i % len(batches)] for i in range(short)]
+            batches = batches[self.rank::self.world]
+        self._cache = (epoch, batches)
+        return batches
+
+    def __iter__(self) -> Iterator[Batch]:
+        """Batches forever (epoch after epoch), continuing from the current position."""
+        while True:
+            batches = self.epoch_batches(self.epoch)
+            while self.position < len(batches):
+                idx = batches[self.position]
+                self.position += 1
+                yield collate([self.examples[i] for i in idx], idx)
+            self.epoch += 1
+            self.position = 0
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+
+def ordered_batches(examples: Sequence[Example], batch_tokens: int, by_source_only: bool = False,
+                    max_examples: int = 0) -> list[np.ndarray]:
+    """Deterministic length-sorted batches for validation and translation."""
+    src_len, tgt_len = example_lengths(examples)
+    if by_source_only:
+        tgt_len = np.zeros_like(tgt_len)
+    order = np.lexsort((src_len, tgt_len))
+    return token_batches(order, src_len, tgt_len, batch_tokens, max_examples)

@@ -1,0 +1,85 @@
+"""Training and translation instances built from tokenized documents.
+
+Markup is the same for every model: each sentence is ``<s> w1 … wn </s>``; a document instance
+concatenates consecutive sentences of one document. ``<bos>``/``<eos>`` are added at collation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+
+from onmt_doc.data.vocab import EOS_SENT_ID, SOS_ID
+
+UNITS = ("sentence", "document", "context")
+
+
+@dataclass
+class Example:
+    src: np.ndarray                  # int64 ids with markup
+    tgt: Optional[np.ndarray]        # int64 ids with markup (no <bos>/<eos>), None when translating
+    doc: int                         # document index in its corpus
+    first: int                       # index of the instance's first sentence in the document
+    n_sents: int
+    extra: dict = field(default_factory=dict)  # per-target-token arrays added by losses (e.g. z*)
+
+
+def mark_sentence(ids: Sequence[int]) -> np.ndarray:
+    out = np.empty(len(ids) + 2, dtype=np.int64)
+    out[0], out[-1] = SOS_ID, EOS_SENT_ID
+    out[1:-1] = ids
+    return out
+
+
+def sentence_instances(docs: Sequence[Sequence[tuple]], max_len: int = 0) -> tuple[list[Example], int]:
+    """One example per sentence pair; pairs with a side longer than ``max_len`` (if set) are dropped.
+
+    ``docs`` holds, per document, (src_ids, tgt_ids or None) pairs. Returns the examples and the
+    number dropped, which callers log.
+    """
+    examples, dropped = [], 0
+    for d, doc in enumerate(docs):
+        for i, (s, t) in enumerate(doc):
+            if max_len and (len(s) > max_len or (t is not None and len(t) > max_len)):
+                dropped += 1
+                continue
+            examples.append(Example(mark_sentence(s), None if t is None else mark_sentence(t), d, i, 1))
+    return examples, dropped
+
+
+def document_instances(docs: Sequence[Sequence[tuple]], max_tokens: int) -> list[Example]:
+    """Consecutive sentences of one document packed up to ``max_tokens`` per side.
+
+    Instances never cross documents; a sentence longer than the budget is an instance of its own.
+    The budget counts markup and the ``<bos>``/``<eos>`` the decoder adds.
+    """
+    examples = []
+    for d, doc in enumerate(docs):
+        start, src_len, tgt_len = 0, 1, 1
+        for i, (s, t) in enumerate(doc):
+            ls, lt = len(s) + 2, (len(t) + 2 if t is not None else 0)
+            if i > start and (src_len + ls > max_tokens or tgt_len + lt > max_tokens):
+                examples.append(_pack(doc, d, start, i))
+                start, src_len, tgt_len = i, 1, 1
+            src_len += ls
+            tgt_len += lt
+        if doc:
+            examples.append(_pack(doc, d, start, len(doc)))
+    return examples
+
+
+def _pack(doc: Sequence[tuple], d: int, start: int, end: int) -> Example:
+    src = np.concatenate([mark_sentence(s) for s, _ in doc[start:end]])
+    has_tgt = doc[start][1] is not None
+    tgt = np.concatenate([mark_sentence(t) for _, t in doc[start:end]]) if has_tgt else None
+    return Example(src, tgt, d, start, end - start)
+
+
+def build_instances(unit: str, docs: Sequence[Sequence[tuple]], max_tokens: int,
+                    max_len: int = 0) -> tuple[list[Example], int]:
+    """Instances for a model's unit: ``document`` packs documents, the others use sentences
+    (``context`` models batch sentences of whole documents together, see batching)."""
+    if unit == "document":
+        return document_instances(docs, max_tokens), 0
+    return sentence_instances(docs, max_len)

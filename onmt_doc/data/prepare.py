@@ -1,0 +1,114 @@
+"""Run-folder data preparation: learn subwords and vocabularies, load binarized instances.
+
+The run folder (``log.dir``) holds ``subword.model`` (or ``src.subword`` and ``tgt.subword``) and
+``vocab.txt`` (or ``vocab.src`` and ``vocab.tgt``); every checkpoint carries copies of them.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+from itertools import islice
+from typing import Iterator, Optional
+
+from onmt_doc.config import Config
+from onmt_doc.data.cache import load_tokenized
+from onmt_doc.data.codec import Codec
+from onmt_doc.data.corpus import iter_lines, read_parallel
+from onmt_doc.data.instances import Example, build_instances
+from onmt_doc.data.tokenizer import Subword
+from onmt_doc.data.vocab import Vocab
+from onmt_doc.errors import ConfigError
+
+log = logging.getLogger("onmt_doc")
+
+
+def _paths(run_dir: str, shared: bool) -> dict[str, str]:
+    if shared:
+        return {"src_subword": os.path.join(run_dir, "subword.model"), "tgt_subword": os.path.join(run_dir, "subword.model"),
+                "src_vocab": os.path.join(run_dir, "vocab.txt"), "tgt_vocab": os.path.join(run_dir, "vocab.txt")}
+    return {"src_subword": os.path.join(run_dir, "src.subword"), "tgt_subword": os.path.join(run_dir, "tgt.subword"),
+            "src_vocab": os.path.join(run_dir, "vocab.src"), "tgt_vocab": os.path.join(run_dir, "vocab.tgt")}
+
+
+def require_train_paths(cfg: Config) -> tuple[str, str]:
+    src, tgt = cfg.data.train.src, cfg.data.train.tgt
+    if not src or not tgt:
+        raise ConfigError("data.train.src and data.train.tgt are required")
+    for key, path in (("data.train.src", src), ("data.train.tgt", tgt)):
+        if not os.path.isfile(path):
+            raise ConfigError(f"{key}: {path}: file not found")
+    return src, tgt
+
+
+def _nonblank(path: str, max_chars: int, limit: int) -> Iterator[str]:
+    lines = (line for line in iter_lines(path, max_chars) if line)
+    return islice(lines, limit) if limit else lines
+
+
+def build_codec(cfg: Config, run_dir: str) -> Codec:
+    """Learn the subword model(s) on the training files and count the vocabularies."""
+    src, tgt = require_train_paths(cfg)
+    v, max_chars = cfg.vocab, cfg.data.max_line_chars
+    read_parallel(src, tgt, cfg.data.documents, max_chars)  # validate alignment before the slow part
+    if v.shared:
+        lines = list(_nonblank(src, max_chars, v.sample_lines)) + list(_nonblank(tgt, max_chars, v.sample_lines))
+        src_sw = tgt_sw = Subword.learn(v.subword, v.tokenizer, v.size, lines)
+    else:
+        src_sw = Subword.learn(v.subword, v.tokenizer, v.size, _nonblank(src, max_chars, v.sample_lines))
+        tgt_sw = Subword.learn(v.subword, v.tokenizer, v.size, _nonblank(tgt, max_chars, v.sample_lines))
+    counts = {}
+    for side, path, sw in (("src", src, src_sw), ("tgt", tgt, tgt_sw)):
+        c: Counter = Counter()
+        for toks in sw.tokenize_batch(list(_nonblank(path, max_chars, 0))):
+            c.update(toks)
+        counts[side] = c
+    if v.shared:
+        src_vocab = tgt_vocab = Vocab.build(counts["src"] + counts["tgt"], v.min_freq, v.max_size)
+    else:
+        src_vocab = Vocab.build(counts["src"], v.min_freq, v.max_size)
+        tgt_vocab = Vocab.build(counts["tgt"], v.min_freq, v.max_size)
+    codec = Codec(src_sw, tgt_sw, src_vocab, tgt_vocab)
+    save_codec(codec, run_dir, v.shared)
+    return codec
+
+
+def save_codec(codec: Codec, run_dir: str, shared: bool) -> None:
+    os.makedirs(run_dir, exist_ok=True)
+    p = _paths(run_dir, shared)
+    codec.src_subword.save(p["src_subword"])
+    codec.tgt_subword.save(p["tgt_subword"])
+    codec.src_vocab.save(p["src_vocab"])
+    codec.tgt_vocab.save(p["tgt_vocab"])
+
+
+def load_codec(cfg: Config, run_dir: str) -> Optional[Codec]:
+    """The run folder's codec, or None when onmt_doc_build_vocab has not been run there."""
+    p = _paths(run_dir, cfg.vocab.shared)
+    if not os.path.exists(p["src_vocab"]) or not os.path.exists(p["tgt_vocab"]):
+        return None
+
+    def subword(path: str) -> Subword:
+        if cfg.vocab.subword == "none":
+            return Subword("none", cfg.vocab.tokenizer, None)
+        if not os.path.exists(path):
+            raise ConfigError(f"{path}: subword model missing (run onmt_doc_build_vocab again)")
+        with open(path, "rb") as f:
+            return Subword(cfg.vocab.subword, cfg.vocab.tokenizer, f.read())
+
+    src_sw = subword(p["src_subword"])
+    tgt_sw = src_sw if cfg.vocab.shared else subword(p["tgt_subword"])
+    return Codec(src_sw, tgt_sw, Vocab.load(p["src_vocab"]), Vocab.load(p["tgt_vocab"]))
+
+
+def load_examples(cfg: Config, codec: Codec, src: str, tgt: str, unit: str, run_dir: str,
+                  filter_long: bool = True) -> tuple[list[Example], list]:
+    """Instances of a parallel corpus for ``unit``, and its tokenized documents."""
+    cache_dir = cfg.data.cache_dir or os.path.join(run_dir, "cache")
+    docs, cached = load_tokenized(src, tgt, codec, cfg.data.documents, cfg.data.max_line_chars, cache_dir)
+    examples, dropped = build_instances(unit, docs, cfg.data.max_tokens, cfg.data.max_len if filter_long else 0)
+    n_sents = sum(len(d) for d in docs)
+    log.info("%s: %d documents, %d sentence pairs -> %d %s instances%s%s", src, len(docs), n_sents,
+             len(examples), unit, " (binarized cache)" if cached else "",
+             f"; {dropped} pairs longer than data.max_len={cfg.data.max_len} dropped" if dropped else "")
+    return examples, docs

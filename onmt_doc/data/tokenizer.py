@@ -1,0 +1,95 @@
+"""Subword tokenization with pyonmttok (BPE or SentencePiece).
+
+The learned model travels inside every checkpoint as bytes, so translating needs the checkpoint
+alone: :meth:`Subword.to_dict` / :meth:`Subword.from_dict` are the checkpoint format.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Iterable, Optional, Sequence
+
+import pyonmttok
+
+from onmt_doc.errors import DataError
+
+
+class Subword:
+    """A pyonmttok tokenizer plus the bytes of its subword model."""
+
+    def __init__(self, kind: str, mode: str, model: Optional[bytes] = None):
+        self.kind, self.mode, self.model = kind, mode, model
+        self._tok = self._make(kind, mode, model)
+
+    @staticmethod
+    def _options(kind: str, mode: str) -> tuple[str, dict]:
+        if kind == "sentencepiece":
+            return "none", {}
+        return (mode, {"joiner_annotate": True}) if mode != "none" else ("space", {})
+
+    @classmethod
+    def _make(cls, kind: str, mode: str, model: Optional[bytes]) -> pyonmttok.Tokenizer:
+        tok_mode, options = cls._options(kind, mode)
+        if kind == "none" or model is None:
+            return pyonmttok.Tokenizer(tok_mode, **options)
+        # pyonmttok reads its model from a path; the file is only needed while constructing.
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "model")
+            with open(path, "wb") as f:
+                f.write(model)
+            key = "sp_model_path" if kind == "sentencepiece" else "bpe_model_path"
+            return pyonmttok.Tokenizer(tok_mode, **options, **{key: path})
+
+    def tokenize(self, line: str) -> list[str]:
+        return self._tok.tokenize(line)[0]
+
+    def tokenize_batch(self, lines: Sequence[str]) -> list[list[str]]:
+        return self._tok.tokenize_batch(list(lines))[0] if lines else []
+
+    def detokenize(self, tokens: Sequence[str]) -> str:
+        return self._tok.detokenize(list(tokens))
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "mode": self.mode, "model": self.model}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Subword":
+        return cls(d["kind"], d["mode"], d["model"])
+
+    def save(self, path: str) -> None:
+        """Write the raw subword model (usable by other pyonmttok/SentencePiece tools)."""
+        if self.model is not None:
+            tmp = f"{path}.tmp{os.getpid()}"
+            with open(tmp, "wb") as f:
+                f.write(self.model)
+            os.replace(tmp, path)
+
+    @classmethod
+    def learn(cls, kind: str, mode: str, size: int, lines: Iterable[str]) -> "Subword":
+        """Learn a BPE or SentencePiece model of ``size`` symbols on ``lines``."""
+        if kind == "none":
+            return cls("none", mode, None)
+        with tempfile.TemporaryDirectory() as tmp:
+            corpus = os.path.join(tmp, "corpus.txt")
+            n = 0
+            with open(corpus, "w", encoding="utf-8") as f:
+                for line in lines:
+                    if line:
+                        f.write(line + "\n")
+                        n += 1
+            if n == 0:
+                raise DataError("no text to learn a subword model from")
+            path = os.path.join(tmp, "model")
+            if kind == "sentencepiece":
+                learner = pyonmttok.SentencePieceLearner(vocab_size=size, character_coverage=1.0)
+            else:
+                tok_mode, options = cls._options(kind, mode)
+                learner = pyonmttok.BPELearner(tokenizer=pyonmttok.Tokenizer(tok_mode, **options),
+                                               symbols=size, min_frequency=2)
+            learner.ingest_file(corpus)
+            try:
+                learner.learn(path)
+            except Exception as e:  # SentencePiece rejects e.g. a vocab size larger than possible
+                raise DataError(f"learning the {kind} model failed: {str(e).splitlines()[0]}") from None
+            with open(path, "rb") as f:
+                return cls(kind, mode, f.read())

@@ -1,0 +1,63 @@
+"""Vocabularies with the toolkit's fixed special tokens.
+
+Every sentence is ``<s> w1 … wn </s>`` for every model, the decoder input starts with ``<bos>`` and
+the decoder predicts ``<eos>`` after the last ``</s>``. The specials have the same ids in every
+vocabulary, so sentence and document checkpoints can initialise each other.
+"""
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import Iterable, Sequence
+
+from onmt_doc.errors import DataError
+
+PAD, UNK, SOS, EOS_SENT, BOS, EOS, MASK = "<pad>", "<unk>", "<s>", "</s>", "<bos>", "<eos>", "<mask>"
+SPECIALS = (PAD, UNK, SOS, EOS_SENT, BOS, EOS, MASK)
+PAD_ID, UNK_ID, SOS_ID, EOS_SENT_ID, BOS_ID, EOS_ID, MASK_ID = range(len(SPECIALS))
+
+
+class Vocab:
+    def __init__(self, tokens: Sequence[str]):
+        if tuple(tokens[: len(SPECIALS)]) != SPECIALS:
+            raise DataError(f"vocabulary must start with the special tokens {' '.join(SPECIALS)}")
+        self.itos = list(tokens)
+        self.stoi = {t: i for i, t in enumerate(self.itos)}
+        if len(self.stoi) != len(self.itos):
+            raise DataError("vocabulary has duplicate entries")
+
+    def __len__(self) -> int:
+        return len(self.itos)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Vocab) and self.itos == other.itos
+
+    def ids(self, tokens: Iterable[str]) -> list[int]:
+        get = self.stoi.get
+        return [get(t, UNK_ID) for t in tokens]
+
+    def tokens(self, ids: Iterable[int]) -> list[str]:
+        return [self.itos[i] for i in ids]
+
+    @classmethod
+    def build(cls, counts: Counter, min_freq: int = 1, max_size: int = 0) -> "Vocab":
+        """Most frequent first; ties broken alphabetically so the result is deterministic."""
+        items = sorted(((t, c) for t, c in counts.items() if c >= min_freq and t not in SPECIALS),
+                       key=lambda tc: (-tc[1], tc[0]))
+        if max_size:
+            items = items[: max(0, max_size - len(SPECIALS))]
+        return cls(list(SPECIALS) + [t for t, _ in items])
+
+    def save(self, path: str) -> None:
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write("\n".join(self.itos) + "\n")
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str) -> "Vocab":
+        try:
+            with open(path, encoding="utf-8") as f:
+                return cls([line.rstrip("\n") for line in f if line.rstrip("\n")])
+        except FileNotFoundError:
+            raise DataError(f"{path}: vocabulary file not found") from None

@@ -1,0 +1,9 @@
+"""Decoders: one file per registered decoder."""
+from onmt_doc.registry import Registry
+
+REGISTRY = Registry("decoder")
+
+from onmt_doc.decoders.base import Decoder, DecoderOut  # noqa: E402
+from onmt_doc.decoders import transformer  # noqa: E402,F401
+
+__all__ = ["REGISTRY", "Decoder", "DecoderOut"]

@@ -1,0 +1,96 @@
+"""Transformer decoder (Vaswani et al., 2017) with cached self- and cross-attention keys/values."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Optional
+
+import torch
+from torch import nn
+
+from onmt_doc.config import PartConfig
+from onmt_doc.data.batching import Batch
+from onmt_doc.decoders import REGISTRY
+from onmt_doc.decoders.base import Decoder, DecoderOut
+from onmt_doc.encoders.base import EncoderOut
+from onmt_doc.modules.attention import KV, MultiHeadAttention
+from onmt_doc.modules.feedforward import FeedForward
+from onmt_doc.modules.state import DecoderState
+from onmt_doc.modules.sublayer import Residual
+from onmt_doc.parts import PartContext
+
+
+@dataclass
+class TransformerDecoderConfig(PartConfig):
+    layers: int = 6
+    heads: int = 8
+    ff: int = 2048
+    pre_norm: bool = True
+
+
+@dataclass
+class TransformerState(DecoderState):
+    source_fields: ClassVar[tuple[str, ...]] = ("cross_kv", "memory_mask")
+    step: int
+    self_kv: list[Optional[KV]]
+    cross_kv: list[KV]
+    memory_mask: torch.Tensor        # [B, 1, 1, S]
+
+
+class TransformerDecoderLayer(nn.Module):
+    def __init__(self, d_model: int, heads: int, ff: int, dropout: float, attention_dropout: float,
+                 pre_norm: bool):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, heads, attention_dropout)
+        self.cross_attn = MultiHeadAttention(d_model, heads, attention_dropout, self_attention=False)
+        self.ff = FeedForward(d_model, ff, dropout)
+        self.self_res = Residual(d_model, dropout, pre_norm)
+        self.cross_res = Residual(d_model, dropout, pre_norm)
+        self.ff_res = Residual(d_model, dropout, pre_norm)
+
+    def forward(self, x: torch.Tensor, memory_kv: KV, memory_mask: torch.Tensor) -> torch.Tensor:
+        x = self.self_res(x, lambda h: self.self_attn(h, is_causal=True))
+        x = self.cross_res(x, lambda h: self.cross_attn.cross(h, memory_kv, memory_mask))
+        return self.ff_res(x, self.ff)
+
+    def step(self, x: torch.Tensor, cache: Optional[KV], memory_kv: KV,
+             memory_mask: torch.Tensor) -> tuple[torch.Tensor, KV]:
+        new_cache = None
+
+        def attend(h: torch.Tensor) -> torch.Tensor:
+            nonlocal new_cache
+            out, new_cache = self.self_attn.step(h, cache)
+            return out
+
+        x = self.self_res(x, attend)
+        x = self.cross_res(x, lambda h: self.cross_attn.cross(h, memory_kv, memory_mask))
+        return self.ff_res(x, self.ff), new_cache
+
+
+@REGISTRY.register("transformer", TransformerDecoderConfig)
+class TransformerDecoder(Decoder):
+    def __init__(self, cfg: TransformerDecoderConfig, ctx: PartContext):
+        super().__init__()
+        self.embeddings = ctx.tgt_embeddings
+        self.layers = nn.ModuleList(
+            TransformerDecoderLayer(ctx.d_model, cfg.heads, cfg.ff, ctx.dropout, ctx.attention_dropout,
+                                    cfg.pre_norm) for _ in range(cfg.layers))
+        self.final_norm = nn.LayerNorm(ctx.d_model) if cfg.pre_norm else nn.Identity()
+
+    def forward(self, tgt_in: torch.Tensor, enc_out: EncoderOut, batch: Batch) -> DecoderOut:
+        x = self.embeddings(tgt_in)
+        mask = enc_out.attention_mask()
+        for layer in self.layers:
+            x = layer(x, layer.cross_attn.memory_kv(enc_out.memory), mask)
+        return DecoderOut(self.final_norm(x))
+
+    def init_state(self, enc_out: EncoderOut, batch: Batch) -> TransformerState:
+        return TransformerState(step=0, self_kv=[None] * len(self.layers),
+                                cross_kv=[layer.cross_attn.memory_kv(enc_out.memory) for layer in self.layers],
+                                memory_mask=enc_out.attention_mask())
+
+    def step(self, tokens: torch.Tensor, state: TransformerState) -> tuple[torch.Tensor, TransformerState]:
+        x = self.embeddings(tokens[:, None], offset=state.step)
+        for i, layer in enumerate(self.layers):
+            x, state.self_kv[i] = layer.step(x, state.self_kv[i], state.cross_kv[i], state.memory_mask)
+        state.step += 1
+        return self.final_norm(x)[:, 0], state

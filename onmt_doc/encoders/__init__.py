@@ -1,0 +1,9 @@
+"""Encoders: one file per registered encoder."""
+from onmt_doc.registry import Registry
+
+REGISTRY = Registry("encoder")
+
+from onmt_doc.encoders.base import Encoder, EncoderOut  # noqa: E402
+from onmt_doc.encoders import transformer  # noqa: E402,F401
+
+__all__ = ["REGISTRY", "Encoder", "EncoderOut"]

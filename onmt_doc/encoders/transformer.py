@@ -1,0 +1,58 @@
+"""Transformer encoder (Vaswani et al., 2017), pre-norm by default."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from onmt_doc.config import PartConfig
+from onmt_doc.data.batching import Batch
+from onmt_doc.data.vocab import PAD_ID
+from onmt_doc.encoders import REGISTRY
+from onmt_doc.encoders.base import Encoder, EncoderOut
+from onmt_doc.modules.attention import MultiHeadAttention
+from onmt_doc.modules.feedforward import FeedForward
+from onmt_doc.modules.sublayer import Residual
+from onmt_doc.parts import PartContext
+
+
+@dataclass
+class TransformerEncoderConfig(PartConfig):
+    layers: int = 6
+    heads: int = 8
+    ff: int = 2048
+    pre_norm: bool = True
+
+
+class TransformerEncoderLayer(nn.Module):
+    def __init__(self, d_model: int, heads: int, ff: int, dropout: float, attention_dropout: float,
+                 pre_norm: bool):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, heads, attention_dropout)
+        self.ff = FeedForward(d_model, ff, dropout)
+        self.attn_res = Residual(d_model, dropout, pre_norm)
+        self.ff_res = Residual(d_model, dropout, pre_norm)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = self.attn_res(x, lambda h: self.self_attn(h, mask))
+        return self.ff_res(x, self.ff)
+
+
+@REGISTRY.register("transformer", TransformerEncoderConfig)
+class TransformerEncoder(Encoder):
+    def __init__(self, cfg: TransformerEncoderConfig, ctx: PartContext):
+        super().__init__()
+        self.embeddings = ctx.src_embeddings
+        self.layers = nn.ModuleList(
+            TransformerEncoderLayer(ctx.d_model, cfg.heads, cfg.ff, ctx.dropout, ctx.attention_dropout,
+                                    cfg.pre_norm) for _ in range(cfg.layers))
+        self.final_norm = nn.LayerNorm(ctx.d_model) if cfg.pre_norm else nn.Identity()
+
+    def forward(self, batch: Batch) -> EncoderOut:
+        pad = batch.src.eq(PAD_ID)
+        x = self.embeddings(batch.src)
+        mask = (~pad)[:, None, None, :]
+        for layer in self.layers:
+            x = layer(x, mask)
+        return EncoderOut(self.final_norm(x), pad, batch.src_groups)

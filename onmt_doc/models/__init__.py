@@ -1,0 +1,1 @@
+"""Encoder–decoder models, their builder and the checkpoint format."""

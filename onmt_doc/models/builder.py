@@ -1,0 +1,33 @@
+"""Build an EncoderDecoder from the ``model`` section and the vocabularies."""
+from __future__ import annotations
+
+from torch import nn
+
+from onmt_doc.config import ModelConfig
+from onmt_doc.data.codec import Codec
+from onmt_doc.errors import ConfigError
+from onmt_doc.models.model import EncoderDecoder
+from onmt_doc.modules.embeddings import Embeddings
+from onmt_doc.parts import PartContext
+from onmt_doc.registry import registry_for
+
+
+def build_model(cfg: ModelConfig, codec: Codec) -> EncoderDecoder:
+    src_n, tgt_n = len(codec.src_vocab), len(codec.tgt_vocab)
+    if cfg.share_embeddings and not codec.shared:
+        raise ConfigError("model.share_embeddings: true needs one shared vocabulary (vocab.shared: true)")
+    src_emb = Embeddings(src_n, cfg.d_model, cfg.dropout, cfg.max_positions)
+    tgt_emb = src_emb if cfg.share_embeddings else Embeddings(tgt_n, cfg.d_model, cfg.dropout, cfg.max_positions)
+    ctx = PartContext(cfg.d_model, cfg.dropout, cfg.attention_dropout, src_emb, tgt_emb)
+    encoder = registry_for("encoder").build(cfg.encoder, ctx)
+    decoder = registry_for("decoder").build(cfg.decoder, ctx)
+    generator = nn.Linear(cfg.d_model, tgt_n)
+    embeddings = {id(src_emb.weight), id(tgt_emb.weight)}
+    for module in (encoder, decoder, generator):
+        for p in module.parameters():
+            if p.dim() > 1 and id(p) not in embeddings:
+                nn.init.xavier_uniform_(p)
+    nn.init.zeros_(generator.bias)
+    if cfg.tie_output:
+        generator.weight = tgt_emb.tokens.weight
+    return EncoderDecoder(encoder, decoder, generator)

@@ -1,0 +1,63 @@
+"""The one checkpoint format: tensors and plain data, written atomically, read with weights_only.
+
+Keys: ``format_version``, ``config`` (resolved, as a dict), ``codec`` (subword models and
+vocabularies), ``model`` (state dict) and, in training checkpoints, ``train_state`` (optimizer,
+scaler, RNG, data position, early stopping, step).
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+from onmt_doc.config import FORMAT_VERSION, Config, config_from_dict
+from onmt_doc.data.codec import Codec
+from onmt_doc.errors import UserError
+from onmt_doc.models.builder import build_model
+from onmt_doc.models.model import EncoderDecoder
+
+
+def save_checkpoint(payload: dict, path: str) -> None:
+    """Write to a temporary file in the same folder, then rename: never a half-written checkpoint."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    torch.save({"format_version": FORMAT_VERSION, **payload}, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str) -> dict:
+    if not os.path.isfile(path):
+        raise UserError(f"{path}: checkpoint not found")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # a damaged file can fail anywhere inside the unpickler
+
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"{path}: not a readable onmt_doc checkpoint ({reason[:200]})") from None
+    if not isinstance(ckpt, dict) or "format_version" not in ckpt or "model" not in ckpt:
+        raise UserError(f"{path}: not an onmt_doc checkpoint (no format_version/model entries)")
+    if ckpt["format_version"] > FORMAT_VERSION:
+        raise UserError(f"{path}: checkpoint format {ckpt['format_version']} is newer than this "
+                        f"onmt_doc understands ({FORMAT_VERSION}); upgrade onmt_doc")
+    return ckpt
+
+
+def model_from_checkpoint(ckpt: dict, path: str = "checkpoint",
+                          device: Optional[torch.device] = None) -> tuple[EncoderDecoder, Config, Codec]:
+    cfg = config_from_dict(ckpt["config"], f"{path} (stored config)")
+    codec = Codec.from_dict(ckpt["codec"])
+    model = build_model(cfg.model, codec)
+    missing, unexpected = model.load_state_dict(ckpt["model"], strict=False)
+    if missing or unexpected:
+        raise UserError(f"{path}: weights do not match the stored config "
+                        f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    if device is not None:
+        model.to(device)
+    return model, cfg, codec
+
+
+def load_model(path: str, device: Optional[torch.device] = None) -> tuple[EncoderDecoder, Config, Codec]:
+    """Model (in eval mode), resolved config and codec from a checkpoint: all translation needs."""
+    model, cfg, codec = model_from_checkpoint(load_checkpoint(path), path, device)
+    return model.eval(), cfg, codec

@@ -1,0 +1,71 @@
+"""EncoderDecoder: an encoder, a decoder and the output projection (generator)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from torch import nn
+
+from onmt_doc.data.batching import Batch
+from onmt_doc.data.vocab import PAD_ID
+from onmt_doc.decoders.base import Decoder
+from onmt_doc.encoders.base import Encoder, EncoderOut
+from onmt_doc.errors import ConfigError
+from onmt_doc.modules.state import DecoderState
+
+
+@dataclass
+class ModelOut:
+    logits: torch.Tensor          # [N, V] at the N non-padding target positions
+    target: torch.Tensor          # [N]
+    target_mask: torch.Tensor     # [B, T] True at those positions
+    hidden: torch.Tensor          # [B, T, D]
+    enc_out: EncoderOut
+    aux: dict = field(default_factory=dict)
+
+
+def resolve_unit(encoder: Encoder, decoder: Decoder) -> str:
+    """The translation unit: a document-level part decides; two different ones conflict."""
+    units = {encoder.unit, decoder.unit} - {"sentence"}
+    if len(units) > 1:
+        raise ConfigError(f"model: encoder {type(encoder).__name__} works on {encoder.unit} units but "
+                          f"decoder {type(decoder).__name__} on {decoder.unit} units")
+    return units.pop() if units else "sentence"
+
+
+class EncoderDecoder(nn.Module):
+    def __init__(self, encoder: Encoder, decoder: Decoder, generator: nn.Linear):
+        super().__init__()
+        self.encoder, self.decoder, self.generator = encoder, decoder, generator
+        self.unit = resolve_unit(encoder, decoder)
+
+    def forward(self, batch: Batch) -> ModelOut:
+        """Teacher-forced pass; logits only where the target is not padding (saves the V-sized
+        projection on padding, the largest matrix product of a small model)."""
+        enc_out = self.encoder(batch)
+        dec_out = self.decoder(batch.tgt_in, enc_out, batch)
+        mask = batch.tgt_out.ne(PAD_ID)
+        logits = self.generator(dec_out.hidden[mask])
+        return ModelOut(logits, batch.tgt_out[mask], mask, dec_out.hidden, enc_out, dec_out.aux)
+
+    def encode(self, batch: Batch) -> EncoderOut:
+        return self.encoder(batch)
+
+    def init_state(self, enc_out: EncoderOut, batch: Batch) -> DecoderState:
+        return self.decoder.init_state(enc_out, batch)
+
+    def step(self, tokens: torch.Tensor, state: DecoderState) -> tuple[torch.Tensor, DecoderState]:
+        """Log-probabilities [B, V] of the next token after ``tokens`` [B]."""
+        hidden, state = self.decoder.step(tokens, state)
+        return torch.log_softmax(self.generator(hidden).float(), dim=-1), state
+
+    def n_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def full_log_probs(model: EncoderDecoder, batch: Batch, enc_out: Optional[EncoderOut] = None) -> torch.Tensor:
+    """[B, T, V] teacher-forced log-probabilities (forced decoding, tests)."""
+    enc_out = enc_out if enc_out is not None else model.encode(batch)
+    hidden = model.decoder(batch.tgt_in, enc_out, batch).hidden
+    return torch.log_softmax(model.generator(hidden).float(), dim=-1)

@@ -1,0 +1,86 @@
+"""Multi-head attention through ``scaled_dot_product_attention``.
+
+Self-attention projects queries, keys and values with one fused matrix; cross-attention projects
+the memory's keys/values once per source (cached for decoding). Masks are boolean, ``True`` where
+a query may attend, broadcastable to [B, heads, queries, keys].
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+KV = tuple[torch.Tensor, torch.Tensor]
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, d_model: int, heads: int, dropout: float, self_attention: bool = True):
+        super().__init__()
+        if d_model % heads:
+            raise ValueError(f"d_model {d_model} is not divisible by {heads} heads")
+        self.heads, self.d_head, self.dropout = heads, d_model // heads, dropout
+        self.self_attention = self_attention
+        if self_attention:
+            self.qkv = nn.Linear(d_model, 3 * d_model)
+        else:
+            self.q = nn.Linear(d_model, d_model)
+            self.kv = nn.Linear(d_model, 2 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def _split(self, x: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
+        """[B, T, n*D] -> n tensors [B, H, T, d_head]."""
+        b, t, _ = x.shape
+        return x.view(b, t, n, self.heads, self.d_head).permute(2, 0, 3, 1, 4).unbind(0)
+
+    def _merge(self, x: torch.Tensor) -> torch.Tensor:
+        b, _, t, _ = x.shape
+        return self.out(x.transpose(1, 2).reshape(b, t, self.heads * self.d_head))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               mask: Optional[torch.Tensor] = None, is_causal: bool = False) -> torch.Tensor:
+        """softmax(q kᵀ / sqrt(d_head)) v over heads, merged and projected."""
+        p = self.dropout if self.training else 0.0
+        return self._merge(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
+                                                          is_causal=is_causal))
+
+    # --- self-attention
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None,
+                is_causal: bool = False) -> torch.Tensor:
+        q, k, v = self._split(self.qkv(x), 3)
+        return self.attend(q, k, v, mask, is_causal)
+
+    def step(self, x: torch.Tensor, cache: Optional[KV],
+             mask: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, KV]:
+        """Self-attention of new positions over the cached prefix and themselves."""
+        q, k, v = self._split(self.qkv(x), 3)
+        if cache is not None:
+            k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+        return self.attend(q, k, v, mask), (k, v)
+
+    # --- cross-attention
+    def memory_kv(self, memory: torch.Tensor) -> KV:
+        k, v = self._split(self.kv(memory), 2)
+        return k, v
+
+    def cross(self, x: torch.Tensor, kv: KV, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        (q,) = self._split(self.q(x), 1)
+        return self.attend(q, kv[0], kv[1], mask)
+
+    # --- analysis
+    def probs(self, q_in: torch.Tensor, k_in: torch.Tensor, mask: Optional[torch.Tensor] = None,
+              is_causal: bool = False) -> torch.Tensor:
+        """Attention probabilities [B, H, Tq, Tk] (for analysis; training uses the fused kernel)."""
+        if self.self_attention:
+            q, k, _ = self._split(self.qkv(q_in), 3) if q_in is k_in else (
+                self._split(self.qkv(q_in), 3)[0], *self._split(self.qkv(k_in), 3)[1:])
+        else:
+            (q,), (k, _) = self._split(self.q(q_in), 1), self._split(self.kv(k_in), 2)
+        scores = q @ k.transpose(-1, -2) / self.d_head ** 0.5
+        if is_causal:
+            t, s = scores.shape[-2:]
+            scores = scores.masked_fill(~torch.ones(t, s, dtype=torch.bool, device=q.device).tril(), float("-inf"))
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return scores.softmax(-1)

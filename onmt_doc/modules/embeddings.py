@@ -1,0 +1,67 @@
+"""Token embeddings with sinusoidal positions (Vaswani et al., 2017, sec. 3.5)."""
+from __future__ import annotations
+
+import math
+from typing import Optional, Union
+
+import torch
+from torch import nn
+
+from onmt_doc.data.vocab import PAD_ID
+
+
+def sinusoid_table(length: int, dim: int) -> torch.Tensor:
+    # PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d))
+    pos = torch.arange(length, dtype=torch.float32).unsqueeze(1)
+    div = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    table = torch.zeros(length, dim)
+    table[:, 0::2] = torch.sin(pos * div)
+    table[:, 1::2] = torch.cos(pos * div)[:, : dim // 2]
+    return table
+
+
+class SinusoidalPositions(nn.Module):
+    """Fixed position encodings, grown on demand (not saved in checkpoints)."""
+
+    def __init__(self, dim: int, max_positions: int = 4096):
+        super().__init__()
+        self.dim = dim
+        self.register_buffer("table", sinusoid_table(max_positions, dim), persistent=False)
+
+    def forward(self, positions: Union[int, torch.Tensor], length: int = 1) -> torch.Tensor:
+        """Encodings for ``length`` positions from an int offset, or for a [B, T] position tensor."""
+        needed = (positions + length) if isinstance(positions, int) else int(positions.max()) + 1
+        if needed > self.table.size(0):
+            self.table = sinusoid_table(max(needed, 2 * self.table.size(0)), self.dim).to(self.table.device)
+        if isinstance(positions, int):
+            return self.table[positions:positions + length]
+        return self.table[positions]
+
+
+class Embeddings(nn.Module):
+    """``dropout(E[x] * sqrt(d) + PE)``; the matrix may be shared by source, target and output."""
+
+    def __init__(self, vocab_size: int, d_model: int, dropout: float, max_positions: int = 4096,
+                 positions: bool = True):
+        super().__init__()
+        self.d_model = d_model
+        self.tokens = nn.Embedding(vocab_size, d_model, padding_idx=PAD_ID)
+        nn.init.normal_(self.tokens.weight, mean=0.0, std=d_model ** -0.5)
+        with torch.no_grad():
+            self.tokens.weight[PAD_ID].zero_()
+        self.positions = SinusoidalPositions(d_model, max_positions) if positions else None
+        self.dropout = nn.Dropout(dropout)
+        self.scale = math.sqrt(d_model)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.tokens.weight
+
+    def forward(self, ids: torch.Tensor, offset: Union[int, torch.Tensor] = 0,
+                positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Embed [B, T] ids whose first position is ``offset`` (or explicit [B, T] ``positions``)."""
+        x = self.tokens(ids) * self.scale
+        if self.positions is not None:
+            x = x + (self.positions(positions) if positions is not None
+                     else self.positions(offset, ids.size(1)))
+        return self.dropout(x)

@@ -1,0 +1,18 @@
+"""Position-wise feed-forward network."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = W2 · dropout(relu(W1 x + b1)) + b2."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float):
+        super().__init__()
+        self.w1 = nn.Linear(d_model, d_ff)
+        self.w2 = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(self.dropout(torch.relu(self.w1(x))))

@@ -1,0 +1,58 @@
+"""Explicit decoding state: what a decoder carries from one step to the next.
+
+Beam search only ever calls :meth:`DecoderState.reorder`. Fields listed in ``source_fields``
+depend on the source alone (e.g. cached cross-attention keys/values); they are the same for all
+beams of one sentence, so reordering beams inside their sentence skips them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+import torch
+
+
+def _reorder(value: Any, index: torch.Tensor, same_sources: bool) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.index_select(0, index)
+    if isinstance(value, DecoderState):
+        return value.reorder(index, same_sources)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_reorder(v, index, same_sources) for v in value)
+    if isinstance(value, dict):
+        return {k: _reorder(v, index, same_sources) for k, v in value.items()}
+    return value
+
+
+@dataclass
+class DecoderState:
+    source_fields: ClassVar[tuple[str, ...]] = ()
+
+    def reorder(self, index: torch.Tensor, same_sources: bool = False) -> "DecoderState":
+        """Select batch rows ``index``; ``same_sources`` when rows only move within a sentence's beam."""
+        for f in fields(self):
+            if same_sources and f.name in self.source_fields:
+                continue
+            setattr(self, f.name, _reorder(getattr(self, f.name), index, False))
+        return self
+
+    def nbytes(self) -> int:
+        """Bytes held in tensors (used to check that constant-size states stay constant)."""
+        total = 0
+
+        def visit(v: Any) -> None:
+            nonlocal total
+            if isinstance(v, torch.Tensor):
+                total += v.numel() * v.element_size()
+            elif isinstance(v, DecoderState):
+                total += v.nbytes()
+            elif isinstance(v, (list, tuple)):
+                for x in v:
+                    visit(x)
+            elif isinstance(v, dict):
+                for x in v.values():
+                    visit(x)
+
+        for f in fields(self):
+            visit(getattr(self, f.name))
+        return total

@@ -1,0 +1,1 @@
+"""Optimizers (torch.optim and torch-optimizer), learning-rate schedules and parameter groups."""

@@ -1,0 +1,64 @@
+"""Optimizer registry: adam and adamw from torch, every torch-optimizer optimizer by its name.
+
+Parameter groups carry an ``lr_scale`` (fine-tuning copies parameters from a checkpoint at a
+smaller rate); the schedule sets each group's lr to ``optim.lr × lr_scale × schedule(step)``.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Callable, Iterable, Sequence
+
+import torch
+import torch_optimizer
+
+from onmt_doc.config import OptimConfig
+from onmt_doc.errors import ConfigError
+from onmt_doc.registry import Registry, closest
+
+REGISTRY = Registry("optimizer")
+
+
+def _register(name: str, factory: Callable) -> None:
+    REGISTRY.register(name, OptimConfig)(factory)
+
+
+_register("adam", torch.optim.Adam)
+_register("adamw", torch.optim.AdamW)
+_register("sgd", torch.optim.SGD)
+for _name in sorted(torch_optimizer._NAME_OPTIM_MAP):  # radam, lamb, adafactor, …
+    if _name not in REGISTRY:
+        _register(_name, torch_optimizer.get(_name))
+
+
+def build_optimizer(cfg: OptimConfig, groups: Sequence[dict]) -> torch.optim.Optimizer:
+    """``groups``: dicts with ``params`` and ``lr_scale``; unknown constructor args are errors."""
+    cls = REGISTRY.get(cfg.type, where="optim.type").cls
+    accepted = inspect.signature(cls.__init__).parameters
+    args = {"lr": cfg.lr}
+    for key, value in (("betas", tuple(cfg.betas)), ("eps", cfg.eps), ("weight_decay", cfg.weight_decay)):
+        if key in accepted:
+            args[key] = value
+    for key, value in cfg.params.items():
+        if key not in accepted or key in ("self", "params"):
+            raise ConfigError(f"optim.params.{key}: not an argument of {cfg.type}"
+                              f"{closest(key, [k for k in accepted if k not in ('self', 'params')])}")
+        args[key] = value
+    param_groups = [{"params": list(g["params"]), "lr_scale": g.get("lr_scale", 1.0),
+                     "name": g.get("name", "default")} for g in groups if list(g["params"])]
+    try:
+        return cls(param_groups, **args)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"optim: {cfg.type} rejected its arguments: {e}") from None
+
+
+def param_groups(named_params: Iterable[tuple[str, torch.nn.Parameter]], scaled: set[str],
+                 scale: float) -> list[dict]:
+    """Two groups: parameters in ``scaled`` (e.g. copied by init_from) at ``scale``, the rest at 1."""
+    base, copied = [], []
+    for name, p in named_params:
+        if p.requires_grad:
+            (copied if name in scaled else base).append(p)
+    groups = [{"name": "new" if scaled else "default", "params": base, "lr_scale": 1.0}]
+    if copied:
+        groups.append({"name": "initialised", "params": copied, "lr_scale": scale})
+    return groups

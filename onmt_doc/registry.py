@@ -1,0 +1,77 @@
+"""Registries: the one way to name a part in YAML and build it.
+
+Each kind of part (encoder, decoder, loss, optimizer, schedule) has one :class:`Registry`.
+A part registers itself with its own config dataclass; the config loader validates the part's
+YAML section against that dataclass, and :meth:`Registry.build` gives the part only that section.
+"""
+from __future__ import annotations
+
+import difflib
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from onmt_doc.errors import ConfigError
+
+# kind -> module whose import fills that kind's registry (imported lazily, so config.py can
+# resolve part sections without import cycles).
+_REGISTRY_MODULES = {
+    "encoder": "onmt_doc.encoders",
+    "decoder": "onmt_doc.decoders",
+    "loss": "onmt_doc.losses",
+    "optimizer": "onmt_doc.optim.optimizers",
+    "schedule": "onmt_doc.optim.schedules",
+}
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    cls: Callable[..., Any]
+    config: type
+
+
+def closest(name: str, candidates) -> str:
+    """' (did you mean X?)' for the closest candidate, or '' when none is close."""
+    match = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.5)
+    return f" (did you mean '{match[0]}'?)" if match else ""
+
+
+class Registry:
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._entries: dict[str, Entry] = {}
+
+    def register(self, name: str, config: type) -> Callable:
+        """Class decorator: ``@REGISTRY.register("transformer", TransformerEncoderConfig)``."""
+
+        def decorator(cls):
+            if name in self._entries:
+                raise ValueError(f"{self.kind} '{name}' is already registered "
+                                 f"by {self._entries[name].cls.__qualname__}")
+            self._entries[name] = Entry(name, cls, config)
+            return cls
+
+        return decorator
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._entries
+
+    def get(self, name: str, where: str = "type") -> Entry:
+        if name not in self._entries:
+            raise ConfigError(f"{where}: unknown {self.kind} type '{name}'{closest(name, self._entries)}; "
+                              f"registered: {', '.join(self.names())}")
+        return self._entries[name]
+
+    def build(self, cfg: Any, *args: Any, **kwargs: Any) -> Any:
+        """Build the part named by ``cfg.type``, passing it its own config section."""
+        return self.get(cfg.type).cls(cfg, *args, **kwargs)
+
+
+def registry_for(kind: str) -> Registry:
+    """The registry of a kind of part, importing the package that fills it."""
+    module = importlib.import_module(_REGISTRY_MODULES[kind])
+    return module.REGISTRY

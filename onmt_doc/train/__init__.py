@@ -1,0 +1,1 @@
+"""The one trainer, distributed setup and reporting."""

@@ -1,0 +1,84 @@
+"""Process-group setup for ``torchrun`` (Gloo on CPU, NCCL on GPU) and metric reduction.
+
+Without torchrun's environment variables everything degrades to one process, no process group.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from onmt_doc.errors import ConfigError
+
+
+@dataclass
+class DistContext:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    local_world: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+
+def pick_device(spec: str, local_rank: int = 0) -> torch.device:
+    if spec == "auto":
+        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    if spec.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"train.device: {spec} requested but CUDA is not available")
+    if spec == "cuda":
+        return torch.device(f"cuda:{local_rank}")
+    try:
+        return torch.device(spec)
+    except RuntimeError:
+        raise ConfigError(f"train.device: '{spec}' is not a device (auto, cpu, cuda, cuda:N)") from None
+
+
+def init_distributed(device_spec: str) -> DistContext:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    device = pick_device(device_spec, local_rank)
+    if world > 1 and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend, timeout=timedelta(minutes=60))
+    return DistContext(rank, world, local_rank, local_world, device)
+
+
+def all_reduce_sum(values: list[float], ctx: DistContext) -> list[float]:
+    if not ctx.enabled:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=ctx.device if ctx.device.type == "cuda" else "cpu")
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def broadcast_flag(flag: bool, ctx: DistContext) -> bool:
+    if not ctx.enabled:
+        return flag
+    t = torch.tensor([int(flag)], device=ctx.device if ctx.device.type == "cuda" else "cpu")
+    dist.broadcast(t, 0)
+    return bool(t.item())
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.enabled:
+        dist.barrier()
+
+
+def shutdown(ctx: DistContext) -> None:
+    if ctx.enabled and dist.is_initialized():
+        dist.destroy_process_group()

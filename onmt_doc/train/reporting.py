@@ -1,0 +1,90 @@
+"""Console progress lines and TensorBoard scalars (rank 0 only).
+
+TensorBoard tags: train/{loss,ppl,acc,lr,tok_per_s,grad_norm}, valid/{loss,ppl,acc,bleu}, plus
+whatever a loss or model adds under its own prefix. A resumed run purges events after the
+checkpoint's step, so the curves continue as one run.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+from typing import Optional
+
+log = logging.getLogger("onmt_doc")
+
+
+def setup_logging(rank: int = 0, level: int = logging.INFO) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    fmt = "[%(asctime)s %(levelname)s] %(message)s" if rank == 0 else f"[rank {rank} %(levelname)s] %(message)s"
+    handler.setFormatter(logging.Formatter(fmt, "%H:%M:%S"))
+    root = logging.getLogger("onmt_doc")
+    root.handlers[:] = [handler]
+    root.setLevel(level if rank == 0 else logging.WARNING)
+    root.propagate = False
+
+
+def _hms(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def summarize(stats: dict) -> dict:
+    """Per-token loss, perplexity and accuracy from summed statistics."""
+    tokens = max(stats.get("tokens", 0.0), 1.0)
+    out = {"loss": stats.get("loss", 0.0) / tokens}
+    if "nll" in stats:
+        out["ppl"] = math.exp(min(stats["nll"] / tokens, 50.0))
+    if "correct" in stats:
+        out["acc"] = 100.0 * stats["correct"] / tokens
+    for key, value in stats.items():
+        if "/" in key:  # namespaced statistics of extra losses, e.g. "gate/hinge"
+            out[key] = value / tokens
+    return out
+
+
+class Reporter:
+    def __init__(self, run_dir: str, tensorboard: bool, max_steps: int, start_step: int, main: bool):
+        self.main, self.max_steps = main, max_steps
+        self.start_step, self.start_time = start_step, time.time()
+        self.writer = None
+        if main and tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+            self.writer = SummaryWriter(os.path.join(run_dir, "tensorboard"),
+                                        purge_step=start_step + 1 if start_step else None)
+
+    def scalars(self, prefix: str, step: int, values: dict) -> None:
+        if self.writer:
+            for key, value in values.items():
+                self.writer.add_scalar(f"{prefix}/{key}", value, step)
+
+    def train(self, step: int, stats: dict, lr: float, grad_norm: float, tok_per_s: float) -> None:
+        if not self.main:
+            return
+        m = summarize(stats)
+        self.scalars("train", step, {**m, "lr": lr, "grad_norm": grad_norm, "tok_per_s": tok_per_s})
+        elapsed = time.time() - self.start_time
+        done = step - self.start_step
+        eta = elapsed / done * (self.max_steps - step) if done else 0.0
+        parts = [f"step {step}/{self.max_steps}", f"loss {m['loss']:.3f}"]
+        if "ppl" in m:
+            parts.append(f"ppl {m['ppl']:.2f}")
+        if "acc" in m:
+            parts.append(f"acc {m['acc']:.1f}%")
+        parts += [f"lr {lr:.2e}", f"gnorm {grad_norm:.2f}", f"{tok_per_s:.0f} tgt tok/s",
+                  f"elapsed {_hms(elapsed)}", f"eta {_hms(eta)}"]
+        log.info(" | ".join(parts))
+
+    def valid(self, step: int, metrics: dict) -> None:
+        if not self.main:
+            return
+        self.scalars("valid", step, metrics)
+        log.info("validation at step %d: %s", step,
+                 " | ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()))
+
+    def close(self) -> None:
+        if self.writer:
+            self.writer.flush()
+            self.writer.close()

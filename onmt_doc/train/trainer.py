@@ -1,0 +1,378 @@
+"""The one trainer for every model.
+
+Gradient accumulation, clipping, mixed precision on GPUs, validation (loss, perplexity, accuracy,
+BLEU), early stopping, keep-last/keep-best checkpoints and exact resume. Loss sums are divided by
+the number of target tokens of the whole optimizer step (all accumulated batches on all ranks),
+so N processes give the same update as one process with N times the accumulation.
+"""
+from __future__ import annotations
+
+import contextlib
+import glob
+import logging
+import os
+import random
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from onmt_doc.config import Config, config_to_dict, save_config
+from onmt_doc.data.batching import BatchSampler, collate, ordered_batches
+from onmt_doc.data.codec import Codec
+from onmt_doc.data.corpus import read_parallel
+from onmt_doc.data.instances import Example
+from onmt_doc.data.prepare import build_codec, load_codec, load_examples, require_train_paths
+from onmt_doc.errors import ConfigError, UserError
+from onmt_doc.evaluation.bleu import report
+from onmt_doc.losses import Loss, build_losses
+from onmt_doc.models.builder import build_model
+from onmt_doc.models.checkpoint import load_checkpoint, save_checkpoint
+from onmt_doc.models.model import EncoderDecoder
+from onmt_doc.optim.optimizers import build_optimizer, param_groups
+from onmt_doc.optim.schedules import build_schedule
+from onmt_doc.train import distributed
+from onmt_doc.train.distributed import DistContext
+from onmt_doc.train.reporting import Reporter, summarize
+from onmt_doc.translate.translator import Translator, translator_options
+
+log = logging.getLogger("onmt_doc")
+
+
+@dataclass
+class EarlyStopping:
+    metric: str
+    patience: int
+    best: Optional[float] = None
+    bad: int = 0
+
+    def update(self, value: float) -> bool:
+        """Record a validation value; True when it is the best so far."""
+        better = self.best is None or (value > self.best if self.metric == "bleu" else value < self.best)
+        if better:
+            self.best, self.bad = value, 0
+        else:
+            self.bad += 1
+        return better
+
+    @property
+    def stop(self) -> bool:
+        return self.patience > 0 and self.bad >= self.patience
+
+
+@dataclass
+class StepStats:
+    """Statistics summed since the last report."""
+
+    values: dict = field(default_factory=dict)
+    tokens: float = 0.0
+    seconds: float = 0.0
+
+    def add(self, stats: dict) -> None:
+        for k, v in stats.items():
+            self.values[k] = self.values.get(k, 0.0) + float(v)
+
+
+def set_threads(cfg: Config, ctx: DistContext) -> None:
+    if ctx.device.type != "cpu":
+        return
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+        return
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - non-Linux
+        cores = os.cpu_count() or 1
+    torch.set_num_threads(max(1, cores // max(1, ctx.local_world)))
+
+
+def prepare_codec(cfg: Config, run_dir: str, ctx: DistContext) -> Codec:
+    """The run folder's vocabularies; rank 0 learns them first when they are missing."""
+    codec = load_codec(cfg, run_dir)
+    if codec is None:
+        if ctx.main:
+            log.info("no vocabulary in %s: learning %s (%d) and building the vocabularies", run_dir,
+                     cfg.vocab.subword, cfg.vocab.size)
+            build_codec(cfg, run_dir)
+        distributed.barrier(ctx)
+        codec = load_codec(cfg, run_dir)
+    return codec
+
+
+def init_from(model: EncoderDecoder, path: str, codec: Codec) -> set[str]:
+    """Copy every parameter the checkpoint shares with ``model``; return the copied names."""
+    ckpt = load_checkpoint(path)
+    if ckpt["codec"]["src_vocab"] != codec.src_vocab.itos or ckpt["codec"]["tgt_vocab"] != codec.tgt_vocab.itos:
+        raise UserError(f"train.init_from: {path} was trained with other vocabularies than this run's; "
+                        f"use the same run folder vocabularies (copy its vocab files into log.dir)")
+    own = model.state_dict()
+    copied = set()
+    for name, tensor in ckpt["model"].items():
+        if name in own:
+            if own[name].shape != tensor.shape:
+                raise UserError(f"train.init_from: parameter {name} has shape {tuple(tensor.shape)} in "
+                                f"{path} but {tuple(own[name].shape)} in this model")
+            own[name].copy_(tensor)
+            copied.add(name)
+    log.info("init_from %s: copied %d of %d tensors", path, len(copied), len(own))
+    return {n for n, _ in model.named_parameters() if n in copied}
+
+
+class Trainer:
+    def __init__(self, cfg: Config, ctx: DistContext):
+        self.cfg, self.ctx = cfg, ctx
+        self.run_dir = cfg.log.dir
+        self.ckpt_dir = os.path.join(self.run_dir, "checkpoints")
+        torch.manual_seed(cfg.train.seed)
+        random.seed(cfg.train.seed)
+        self.codec = prepare_codec(cfg, self.run_dir, ctx)
+        self.model = build_model(cfg.model, self.codec).to(ctx.device)
+        scaled = init_from(self.model, cfg.train.init_from, self.codec) if cfg.train.init_from else set()
+        self.losses: list[Loss] = build_losses(cfg.loss, codec=self.codec, config=cfg, run_dir=self.run_dir)
+        self.optimizer = build_optimizer(cfg.optim, param_groups(self.model.named_parameters(), scaled,
+                                                                 cfg.train.init_lr_scale))
+        self.schedule = build_schedule(cfg.optim.schedule, cfg.model.d_model, cfg.train.max_steps)
+        self.amp_dtype = self._amp_dtype()
+        self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
+        self.train_examples, self.valid_examples, self.valid_docs = self._load_data()
+        self.sampler = BatchSampler(self.train_examples, cfg.train.batch_tokens, cfg.train.seed,
+                                    rank=ctx.rank, world=ctx.world)
+        self.step = 0
+        self.early = EarlyStopping(cfg.train.early_stopping_metric, cfg.train.early_stopping)
+        self.pending = StepStats()
+        self._maybe_resume()
+        self.ddp = (DistributedDataParallel(self.model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+                    if ctx.enabled else None)
+        log.info("model: %s encoder + %s decoder, unit %s, %.2fM parameters, device %s, %d process(es), "
+                 "%d threads", cfg.model.encoder.type, cfg.model.decoder.type, self.model.unit,
+                 self.model.n_params() / 1e6, ctx.device, ctx.world, torch.get_num_threads())
+
+    # ------------------------------------------------------------------ setup
+    def _amp_dtype(self) -> Optional[torch.dtype]:
+        amp = self.cfg.train.amp
+        if self.ctx.device.type != "cuda" or amp == "off":
+            if amp in ("bf16", "fp16") and self.ctx.device.type != "cuda":
+                log.warning("train.amp=%s ignored: mixed precision is used on GPUs only", amp)
+            return None
+        if amp == "fp16" or (amp == "auto" and not torch.cuda.is_bf16_supported()):
+            return torch.float16
+        return torch.bfloat16
+
+    def _load_data(self) -> tuple[list[Example], list[Example], list]:
+        src, tgt = require_train_paths(self.cfg)
+        unit = self.model.unit
+        train, _ = load_examples(self.cfg, self.codec, src, tgt, unit, self.run_dir)
+        if not train:
+            raise UserError(f"{src}: no training examples (all filtered by data.max_len?)")
+        valid, valid_docs = [], []
+        v = self.cfg.data.valid
+        if v.src and v.tgt:
+            valid, _ = load_examples(self.cfg, self.codec, v.src, v.tgt, unit, self.run_dir, filter_long=False)
+            valid_docs = read_parallel(v.src, v.tgt, self.cfg.data.documents, self.cfg.data.max_line_chars)
+        elif v.src or v.tgt:
+            raise ConfigError("data.valid needs both src and tgt (or neither)")
+        return train, valid, valid_docs
+
+    # ------------------------------------------------------------------ checkpoints
+    def _train_state(self) -> dict:
+        return {
+            "step": self.step,
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler else None,
+            "sampler": self.sampler.state_dict(),
+            "early_stopping": {"best": self.early.best, "bad": self.early.bad},
+            "pending": {"values": self.pending.values, "tokens": self.pending.tokens,
+                        "seconds": self.pending.seconds},
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+        }
+
+    def _payload(self, with_train_state: bool = True) -> dict:
+        payload = {"config": config_to_dict(self.cfg), "codec": self.codec.to_dict(),
+                   "model": self.model.state_dict(), "step": self.step}
+        if with_train_state:
+            payload["train_state"] = self._train_state()
+        return payload
+
+    def save(self, best: bool = False) -> None:
+        if not self.ctx.main:
+            return
+        path = os.path.join(self.ckpt_dir, f"step_{self.step}.pt")
+        save_checkpoint(self._payload(), path)
+        tmp = os.path.join(self.ckpt_dir, f".last.pt.tmp{os.getpid()}")
+        shutil.copyfile(path, tmp)
+        os.replace(tmp, os.path.join(self.ckpt_dir, "last.pt"))
+        steps = sorted(glob.glob(os.path.join(self.ckpt_dir, "step_*.pt")),
+                       key=lambda p: int(re.search(r"step_(\d+)\.pt$", p).group(1)))
+        for old in steps[: max(0, len(steps) - self.cfg.train.keep_last)]:
+            os.remove(old)
+        log.info("saved %s", path)
+
+    def save_best(self) -> None:
+        if self.ctx.main:
+            save_checkpoint(self._payload(with_train_state=False), os.path.join(self.ckpt_dir, "best.pt"))
+
+    def _maybe_resume(self) -> None:
+        path = os.path.join(self.ckpt_dir, "last.pt")
+        if not (self.cfg.train.resume and os.path.exists(path)):
+            return
+        ckpt = load_checkpoint(path)
+        if ckpt["codec"] != self.codec.to_dict():
+            raise UserError(f"{path}: the run folder's vocabularies changed since this checkpoint")
+        self.model.load_state_dict(ckpt["model"])
+        st = ckpt["train_state"]
+        self.optimizer.load_state_dict(st["optimizer"])
+        if self.scaler and st["scaler"]:
+            self.scaler.load_state_dict(st["scaler"])
+        self.sampler.load_state_dict(st["sampler"])
+        self.early.best, self.early.bad = st["early_stopping"]["best"], st["early_stopping"]["bad"]
+        self.pending = StepStats(dict(st["pending"]["values"]), st["pending"]["tokens"], st["pending"]["seconds"])
+        self.step = int(st["step"])
+        torch.set_rng_state(st["rng"]["torch"])
+        random.setstate(_as_tuple(st["rng"]["python"]))
+        if st["rng"]["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(st["rng"]["cuda"])
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.step,
+                 self.sampler.epoch, self.sampler.position)
+
+    # ------------------------------------------------------------------ training
+    def _autocast(self):
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast("cuda", dtype=self.amp_dtype)
+
+    def _losses(self, batch, training: bool) -> tuple[torch.Tensor, dict]:
+        out = (self.ddp or self.model)(batch) if training else self.model(batch)
+        total, stats = None, {}
+        for loss in self.losses:
+            if loss.training_only and not training:
+                continue
+            value, s = loss(out, batch)
+            total = loss.weight * value if total is None else total + loss.weight * value
+            stats.update(s)
+        stats["loss"] = float(total.detach())
+        return total, stats
+
+    def train_step(self, batches: list) -> dict:
+        """One optimizer step over ``batches`` (this rank's share of the accumulation)."""
+        self.model.train()
+        n_tokens = distributed.all_reduce_sum([float(sum(b.n_tgt_tokens for b in batches))], self.ctx)[0]
+        scale = self.ctx.world / max(n_tokens, 1.0)   # DDP averages gradients over ranks
+        stats = StepStats()
+        for i, batch in enumerate(batches):
+            batch = batch.to(self.ctx.device)
+            sync = self.ddp is None or i == len(batches) - 1
+            with (contextlib.nullcontext() if sync else self.ddp.no_sync()), self._autocast():
+                total, s = self._losses(batch, training=True)
+                loss = total * scale
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+            stats.add(s)
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        max_norm = self.cfg.train.max_grad_norm or float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        factor = self.schedule.factor(self.step + 1)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.cfg.optim.lr * group["lr_scale"] * factor
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        stats.values["grad_norm"] = grad_norm
+        return stats.values
+
+    def train(self) -> dict:
+        cfg = self.cfg.train
+        if self.ctx.main:
+            os.makedirs(self.ckpt_dir, exist_ok=True)
+            save_config(self.cfg, os.path.join(self.run_dir, "config.yaml"))
+        reporter = Reporter(self.run_dir, self.cfg.log.tensorboard, cfg.max_steps, self.step, self.ctx.main)
+        batches = iter(self.sampler)
+        last_metrics: dict = {}
+        stop = False
+        try:
+            while self.step < cfg.max_steps and not stop:
+                if cfg.max_epochs and self.sampler.epoch >= cfg.max_epochs:
+                    log.info("reached train.max_epochs=%d", cfg.max_epochs)
+                    break
+                t0 = time.time()
+                step_batches = [next(batches) for _ in range(cfg.accum)]
+                values = self.train_step(step_batches)
+                grad_norm = values.pop("grad_norm")
+                self.pending.add(values)
+                self.pending.seconds += time.time() - t0
+                if self.step % self.cfg.log.every == 0 or self.step == cfg.max_steps:
+                    self._report(reporter, grad_norm)
+                if self.valid_examples and (self.step % cfg.valid_every == 0 or self.step == cfg.max_steps):
+                    last_metrics = self.validate(reporter)
+                    stop = distributed.broadcast_flag(self.early.stop, self.ctx)
+                    if stop:
+                        log.info("early stopping: no improvement of valid %s in %d validations",
+                                 self.early.metric, self.early.patience)
+                if self.step % cfg.save_every == 0 or self.step == cfg.max_steps or stop:
+                    self.save()
+        finally:
+            reporter.close()
+        return last_metrics
+
+    def _report(self, reporter: Reporter, grad_norm: float) -> None:
+        keys = sorted(self.pending.values)
+        totals = distributed.all_reduce_sum([self.pending.values[k] for k in keys] + [self.pending.seconds], self.ctx)
+        stats = dict(zip(keys, totals[:-1]))
+        seconds = totals[-1] / self.ctx.world
+        lr = self.optimizer.param_groups[0]["lr"]
+        reporter.train(self.step, stats, lr, grad_norm, stats.get("tokens", 0.0) / max(seconds, 1e-9))
+        self.pending = StepStats()
+
+    # ------------------------------------------------------------------ validation
+    @torch.no_grad()
+    def validate(self, reporter: Optional[Reporter] = None) -> dict:
+        """Loss/perplexity/accuracy (and BLEU) on the validation set; rank 0 computes, all wait."""
+        metrics: dict = {}
+        if self.ctx.main:
+            self.model.eval()
+            stats = StepStats()
+            for idx in ordered_batches(self.valid_examples, self.cfg.train.batch_tokens):
+                batch = collate([self.valid_examples[i] for i in idx], idx).to(self.ctx.device)
+                with self._autocast():
+                    _, s = self._losses(batch, training=False)
+                stats.add(s)
+            metrics = summarize(stats.values)
+            if self.cfg.train.valid_bleu and self.valid_docs:
+                metrics["bleu"] = self.valid_bleu()
+            best = self.early.update(metrics["bleu" if self.early.metric == "bleu" else "loss"])
+            if reporter:
+                reporter.valid(self.step, metrics)
+            if best:
+                self.save_best()
+        distributed.barrier(self.ctx)  # other ranks follow rank 0's stop decision (broadcast by train)
+        return metrics
+
+    def valid_bleu(self) -> float:
+        opts = translator_options(self.cfg.translate, beam=self.cfg.train.valid_beam, n_best=1)
+        translator = Translator(self.model, self.codec, self.cfg, opts, self.ctx.device)
+        hyps = translator.translate_documents([[s for s, _ in d] for d in self.valid_docs])
+        refs = [[t for _, t in d] for d in self.valid_docs]
+        return report(hyps, refs, self.cfg.data.documents)["bleu"]
+
+
+def _as_tuple(value):
+    """random.setstate needs tuples; a checkpoint may hand back lists."""
+    return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def train(cfg: Config) -> dict:
+    """Train from a resolved config (single process, or one torchrun rank)."""
+    ctx = distributed.init_distributed(cfg.train.device)
+    try:
+        set_threads(cfg, ctx)
+        return Trainer(cfg, ctx).train()
+    finally:
+        distributed.shutdown(ctx)

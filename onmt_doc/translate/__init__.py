@@ -1,0 +1,1 @@
+"""Translation: batched beam search, the streaming document translator, forced decoding."""

@@ -1,0 +1,72 @@
+"""Shared fixtures: a toy corpus the project writes itself and tiny model configs."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from onmt_doc.toy_corpus import write_corpus
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def toy_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("toy")
+    write_corpus(d, seed=3, train_docs=2500, valid_docs=60, test_docs=40)
+    return d
+
+
+def tiny_config(toy: Path, run_dir: Path, **sections) -> dict:
+    """A 2+2-layer, d=64 Transformer on the toy corpus; ``sections`` update top-level sections."""
+    cfg = {
+        "data": {"train": {"src": str(toy / "train.src"), "tgt": str(toy / "train.tgt")},
+                 "valid": {"src": str(toy / "valid.src"), "tgt": str(toy / "valid.tgt")}},
+        "vocab": {"subword": "bpe", "size": 300, "shared": True},
+        "model": {"d_model": 64, "dropout": 0.1, "attention_dropout": 0.0,
+                  "encoder": {"type": "transformer", "layers": 2, "heads": 4, "ff": 128},
+                  "decoder": {"type": "transformer", "layers": 2, "heads": 4, "ff": 128}},
+        "optim": {"type": "adam", "lr": 2.0e-3, "schedule": {"type": "inverse_sqrt", "warmup": 100}},
+        "train": {"batch_tokens": 1024, "max_steps": 20, "valid_every": 1000, "save_every": 1000,
+                  "valid_bleu": False, "seed": 1},
+        "translate": {"beam": 3},
+        "log": {"dir": str(run_dir), "tensorboard": False, "every": 10},
+    }
+    for key, value in sections.items():
+        cfg[key] = {**cfg.get(key, {}), **value}
+    return cfg
+
+
+def write_config(cfg: dict, path: Path) -> Path:
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    return path
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None,
+            timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run a command in a fresh interpreter (what a user gets), capturing its output."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run(list(args), cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def module_cmd(module: str) -> list[str]:
+    return [sys.executable, "-m", module]
+
+
+@pytest.fixture(scope="session")
+def trained_run(toy_dir, tmp_path_factory) -> Path:
+    """A tiny sentence-level model trained for a few steps (enough to produce real output)."""
+    from onmt_doc.config import config_from_dict
+    from onmt_doc.train.trainer import train
+
+    run = tmp_path_factory.mktemp("trained")
+    cfg = tiny_config(toy_dir, run, train={"max_steps": 60, "save_every": 60, "valid_every": 60})
+    train(config_from_dict(cfg))
+    return run

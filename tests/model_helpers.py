@@ -1,0 +1,39 @@
+"""Build small random models and batches directly (no training, no files)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from onmt_doc.config import config_from_dict
+from onmt_doc.data.batching import Batch, collate
+from onmt_doc.data.codec import Codec
+from onmt_doc.data.instances import Example, mark_sentence
+from onmt_doc.data.tokenizer import Subword
+from onmt_doc.data.vocab import SPECIALS, Vocab
+from onmt_doc.models.builder import build_model
+from onmt_doc.models.model import EncoderDecoder
+
+N_WORDS = 40
+
+
+def toy_codec() -> Codec:
+    vocab = Vocab(list(SPECIALS) + [f"w{i}" for i in range(N_WORDS)])
+    sw = Subword("none", "none")
+    return Codec(sw, sw, vocab, vocab)
+
+
+def random_model(model_section: dict, seed: int = 0) -> tuple[EncoderDecoder, Codec]:
+    torch.manual_seed(seed)
+    codec = toy_codec()
+    cfg = config_from_dict({"model": {"d_model": 32, "dropout": 0.0, "attention_dropout": 0.0, **model_section}})
+    return build_model(cfg.model, codec).eval(), codec
+
+
+def random_batch(sizes: list[tuple[int, int]], seed: int = 0) -> Batch:
+    """Sentence examples with (src_len, tgt_len) word counts: uneven lengths give padding."""
+    rng = np.random.default_rng(seed)
+    first = len(SPECIALS)
+    examples = [Example(mark_sentence(rng.integers(first, first + N_WORDS, s)),
+                        mark_sentence(rng.integers(first, first + N_WORDS, t)), i, 0, 1)
+                for i, (s, t) in enumerate(sizes)]
+    return collate(examples, np.arange(len(examples)))

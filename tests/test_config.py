@@ -1,0 +1,148 @@
+"""Strict configs, registries and overrides."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import yaml
+
+from onmt_doc.config import (Config, LossConfig, apply_overrides, config_to_dict, load_config,
+                             save_config)
+from onmt_doc.errors import ConfigError
+from onmt_doc.registry import Registry
+
+
+def write(tmp_path, data) -> str:
+    path = tmp_path / "x.yaml"
+    path.write_text(yaml.safe_dump(data) if not isinstance(data, str) else data, encoding="utf-8")
+    return str(path)
+
+
+def test_defaults_match_design_keys():
+    cfg = load_config(None)
+    assert cfg.data.documents is True and cfg.data.max_tokens == 512
+    assert cfg.model.encoder.type == "transformer" and cfg.model.decoder.type == "transformer"
+    assert [l.type for l in cfg.loss] == ["label_smoothed_ce"]
+    assert cfg.optim.schedule.type == "inverse_sqrt"
+    assert cfg.translate.beam == 5 and cfg.train.keep_last == 5
+
+
+def test_unknown_key_names_file_path_and_closest(tmp_path):
+    path = write(tmp_path, {"model": {"encoder": {"type": "transformer", "layer": 3}}})
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    msg = str(e.value)
+    assert path in msg and "model.encoder.layer" in msg and "'layers'" in msg
+    assert "\n" not in msg
+
+
+def test_unknown_top_level_section(tmp_path):
+    with pytest.raises(ConfigError, match="unknown key 'trian'.*'train'"):
+        load_config(write(tmp_path, {"trian": {"max_steps": 3}}))
+
+
+def test_wrong_type_names_key_and_expected_type(tmp_path):
+    with pytest.raises(ConfigError, match=r"train\.max_steps: expected int, got 'many'"):
+        load_config(write(tmp_path, {"train": {"max_steps": "many"}}))
+    with pytest.raises(ConfigError, match=r"data\.documents: expected bool"):
+        load_config(write(tmp_path, {"data": {"documents": "yes please"}}))
+    with pytest.raises(ConfigError, match=r"vocab\.subword: expected one of 'bpe', 'sentencepiece', 'none'"):
+        load_config(write(tmp_path, {"vocab": {"subword": "wordpiece"}}))
+
+
+def test_unknown_part_type_lists_registered_names(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, {"model": {"decoder": {"type": "transfomer"}}}))
+    msg = str(e.value)
+    assert "model.decoder.type" in msg and "unknown decoder type 'transfomer'" in msg
+    assert "did you mean 'transformer'" in msg and "registered: " in msg
+
+
+def test_part_gets_only_its_own_keys(tmp_path):
+    """A key of another part (the schedule's warmup on the optimizer) is rejected."""
+    with pytest.raises(ConfigError, match="optim.warmup"):
+        load_config(write(tmp_path, {"optim": {"type": "adam", "warmup": 10}}))
+
+
+def test_float_accepts_yaml11_exponent_strings(tmp_path):
+    cfg = load_config(write(tmp_path, "optim: {lr: 5e-4}\n"))
+    assert cfg.optim.lr == pytest.approx(5e-4)
+
+
+def test_overrides_reach_nested_keys_and_list_items(tmp_path):
+    path = write(tmp_path, {"loss": [{"type": "label_smoothed_ce"}, {"type": "label_smoothed_ce", "smoothing": 0.0}]})
+    cfg = load_config(path, ["loss.1.weight=0.5", "model.encoder.layers=3", "data.train.src=a.txt",
+                             "optim.betas=[0.9,0.99]", "model.decoder.type=transformer"])
+    assert cfg.loss[1].weight == 0.5 and cfg.loss[0].weight == 1.0
+    assert cfg.model.encoder.layers == 3 and cfg.data.train.src == "a.txt"
+    assert cfg.optim.betas == [0.9, 0.99]
+    with pytest.raises(ConfigError, match="needs an index below 2"):
+        load_config(path, ["loss.5.weight=0.5"])
+    with pytest.raises(ConfigError, match="unknown key 'train.max_step'"):
+        load_config(path, ["train.max_step=3"])
+    with pytest.raises(ConfigError, match="not of the form"):
+        apply_overrides({}, ["train.max_steps"])
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load_config(None, ["model.d_model=128", "loss.0.smoothing=0.2", "optim.schedule.type=noam"])
+    path = tmp_path / "resolved.yaml"
+    save_config(cfg, str(path))
+    again = load_config(str(path))
+    assert config_to_dict(again) == config_to_dict(cfg)
+    assert path.read_text().startswith("# onmt_doc resolved config, format_version")
+
+
+def test_invalid_yaml_names_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"x\.yaml:\d+: invalid YAML"):
+        load_config(write(tmp_path, "train:\n  max_steps: [1,\n"))
+
+
+def test_registry_rejects_duplicates_and_lists_names():
+    reg = Registry("widget")
+
+    @dataclasses.dataclass
+    class WConfig(LossConfig):
+        pass
+
+    @reg.register("a", WConfig)
+    class A:
+        def __init__(self, cfg):
+            self.cfg = cfg
+
+    with pytest.raises(ValueError, match="already registered"):
+        reg.register("a", WConfig)(A)
+    with pytest.raises(ConfigError, match="registered: a"):
+        reg.get("b")
+    assert isinstance(reg.build(WConfig(type="a")), A)
+
+
+def test_every_config_field_is_documented():
+    """docs/config.md lists every key of every section and registered part."""
+    from pathlib import Path
+
+    from onmt_doc.registry import registry_for
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "config.md").read_text(encoding="utf-8")
+    missing = []
+
+    def visit(cls, prefix):
+        for f in dataclasses.fields(cls):
+            if f.name == "type":
+                continue
+            if dataclasses.is_dataclass(f.type if not isinstance(f.type, str) else None):
+                continue
+            if f"`{f.name}`" not in text:
+                missing.append(prefix + f.name)
+
+    for section in dataclasses.fields(Config):
+        obj = getattr(Config(), section.name)
+        for item in (obj if isinstance(obj, list) else [obj]):
+            visit(type(item), section.name + ".")
+    for kind in ("encoder", "decoder", "loss", "optimizer", "schedule"):
+        for name in registry_for(kind).names():
+            if kind == "optimizer":
+                continue
+            assert f"`{name}`" in text, f"registered {kind} '{name}' is not documented"
+            visit(registry_for(kind).get(name).config, f"{kind}:{name}.")
+    assert not missing, f"undocumented config keys: {missing}"
