@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import platform
 import re
@@ -35,13 +34,13 @@ import shutil
 import subprocess
 import sys
 import time
-from collections import Counter
 from typing import Optional
 
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECTION = "## Sentence Transformer vs OpenNMT-py 3.5.1 / CTranslate2 (multi30k)"
+OURS_SEED = 1   # onmt_doc train.seed (OpenNMT-py gets --seed)
 TARGETS = {"train": 1.25, "translate": 1.5, "bleu": -0.5}
 
 
@@ -166,7 +165,7 @@ def onmt_py_bucket_batches(src_text: list[str], n_src: np.ndarray, n_tgt: np.nda
                 batches.append(cur[:-1])
                 cur = cur[-1:]
                 maxlen = int(max(n_src[cur[0]], tgt_ids[cur[0]]))
-                seen = {src_text[cur[0]]} if False else set()  # ONMT resets `seen` to an empty set
+                seen = set()  # as in ONMT: reset to empty although cur[0] stays in the batch
             else:
                 batches.append(cur)
                 cur, maxlen, seen = [], 0, set()
@@ -350,7 +349,7 @@ def main() -> None:
                   "schedule": {"type": "noam", "warmup": args.warmup}},
         "train": {"batch_tokens": args.batch_tokens or args.onmt_batch_tokens, "max_steps": args.steps,
                   "valid_every": args.steps, "valid_bleu": False, "save_every": args.steps, "keep_last": 1,
-                  "max_grad_norm": 0.0, "seed": 1, "threads": args.threads},
+                  "max_grad_norm": 0.0, "seed": OURS_SEED, "threads": args.threads},
         "translate": {"beam": args.beam},
         "log": {"dir": run_dir, "tensorboard": False, "every": every},
     }
@@ -391,9 +390,9 @@ def main() -> None:
     onmt_sim = onmt_py_bucket_batches(texts["en"], n_src, n_tgt, args.onmt_batch_tokens)
     onmt_sim_real = float(np.mean([n_tgt[b].sum() for b in onmt_sim]))
     onmt_sim_sents = float(np.mean([len(b) for b in onmt_sim]))
-    batch_tokens = args.batch_tokens or calibrate_batch_tokens(onmt_sim_real, n_src, n_tgt, args.seed if False else 1)
-    ours_at_same = onmt_doc_epoch_mean(n_src, n_tgt, args.onmt_batch_tokens, 1)
-    ours_epoch_real = onmt_doc_epoch_mean(n_src, n_tgt, batch_tokens, 1)
+    batch_tokens = args.batch_tokens or calibrate_batch_tokens(onmt_sim_real, n_src, n_tgt, OURS_SEED)
+    ours_at_same = onmt_doc_epoch_mean(n_src, n_tgt, args.onmt_batch_tokens, OURS_SEED)
+    ours_epoch_real = onmt_doc_epoch_mean(n_src, n_tgt, batch_tokens, OURS_SEED)
     log(f"batches: OpenNMT-py batch_size {args.onmt_batch_tokens} -> {onmt_sim_real:.0f} real tgt tokens/batch "
         f"({onmt_sim_sents:.1f} sents, replay of its bucket); onmt_doc batch_tokens {args.onmt_batch_tokens} -> "
         f"{ours_at_same:.0f}; calibrated batch_tokens {batch_tokens} -> {ours_epoch_real:.0f}")
@@ -418,7 +417,7 @@ def main() -> None:
         with open(os.path.join(ours_dir, "walls.json"), "w") as f:
             json.dump({"train": ours_train_wall, "translate": ours_translate_wall}, f)
     walls = json.load(open(os.path.join(ours_dir, "walls.json")))
-    ours_batches = onmt_doc_batches(n_src, n_tgt, batch_tokens, 1, args.steps)
+    ours_batches = onmt_doc_batches(n_src, n_tgt, batch_tokens, OURS_SEED, args.steps)
     ours = parse_onmt_doc_train(open(ours_train_log, encoding="utf-8").read(), ours_batches, n_tgt)
     ours["train_wall"] = walls["train"]
     ours["translate_process_wall"] = walls["translate"]
@@ -473,8 +472,6 @@ def main() -> None:
         ct2[tag] = {"translate_s": float(m.group(1)), "sent_s": n_test / float(m.group(1)),
                     "bleu_tok": float(tok_bleu.get(f"ct2 {tag}", "nan")),
                     **detok_scores(os.path.join(onmt_dir, hyp), raw["test2016"]["de"], subword_model)}
-    onmt_sim_first = None  # the replay covers the whole bucket; ONMT takes a shuffled subset
-    del onmt_sim_first
 
     # ---- table
     r_train = ours["real_tok_s"] / theirs["real_tok_s"]

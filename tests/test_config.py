@@ -146,3 +146,12 @@ def test_every_config_field_is_documented():
             assert f"`{name}`" in text, f"registered {kind} '{name}' is not documented"
             visit(registry_for(kind).get(name).config, f"{kind}:{name}.")
     assert not missing, f"undocumented config keys: {missing}"
+
+
+def test_every_config_example_loads():
+    from pathlib import Path
+
+    examples = sorted((Path(__file__).resolve().parent.parent / "config_examples").glob("*.yaml"))
+    assert examples
+    for path in examples:
+        load_config(str(path))

@@ -61,3 +61,26 @@ def load_model(path: str, device: Optional[torch.device] = None) -> tuple[Encode
     """Model (in eval mode), resolved config and codec from a checkpoint: all translation needs."""
     model, cfg, codec = model_from_checkpoint(load_checkpoint(path), path, device)
     return model.eval(), cfg, codec
+
+
+def average_checkpoints(paths: list[str]) -> dict:
+    """A checkpoint whose weights are the mean of ``paths`` (same config and vocabularies)."""
+    if not paths:
+        raise UserError("no checkpoints to average")
+    first = load_checkpoint(paths[0])
+    total = {k: v.double() if v.is_floating_point() else v for k, v in first["model"].items()}
+    for path in paths[1:]:
+        ckpt = load_checkpoint(path)
+        if ckpt["codec"] != first["codec"]:
+            raise UserError(f"{path}: other vocabularies than {paths[0]}; only checkpoints of one run can be averaged")
+        if ckpt["model"].keys() != first["model"].keys():
+            raise UserError(f"{path}: other parameters than {paths[0]}")
+        for k, v in ckpt["model"].items():
+            if v.shape != total[k].shape:
+                raise UserError(f"{path}: parameter {k} has shape {tuple(v.shape)}, not {tuple(total[k].shape)}")
+            if v.is_floating_point():
+                total[k] += v.double()
+    model = {k: (v / len(paths)).to(first["model"][k].dtype) if v.is_floating_point() else v
+             for k, v in total.items()}
+    return {"config": first["config"], "codec": first["codec"], "model": model,
+            "step": first.get("step", 0), "averaged_from": list(paths)}
