@@ -66,7 +66,6 @@ class DataConfig:
     # skipped in training and kept in translation output)
     documents: bool = True
     max_tokens: int = 512          # document instance budget (subword tokens with markup)
-    max_sentences: int = 0         # document window for whole-document models (0 = no limit)
     max_len: int = 0               # drop training pairs with a side longer than this (0 = keep all)
     max_line_chars: int = 20000    # a longer line is an error (a sign of a broken file)
     cache_dir: Optional[str] = None  # binarized data cache; default: <log.dir>/cache
@@ -97,7 +96,7 @@ class ModelConfig:
 
 @dataclass
 class OptimConfig(PartConfig):
-    """Optimizer section; ``type`` is adam, adamw or any torch-optimizer name (radam, lamb…)."""
+    """Optimizer section; ``type`` is adam, adamw, sgd or a torch-optimizer name (radam, lamb…)."""
 
     type: str = "adam"
     lr: float = 5.0e-4
@@ -229,7 +228,7 @@ class _Loader:
             self.fail(path, f"expected a mapping with a 'type' key, got {data!r}")
         name = data.get("type", default_type)
         if name is None:
-            self.fail(path, f"missing 'type' (registered {kind}s: {', '.join(registry_for(kind).names())})")
+            self.fail(path, f"missing 'type' (registered: {', '.join(registry_for(kind).names())})")
         entry = registry_for(kind).get(str(name), where=f"{self.source}: {_join(path, 'type')}")
         cfg = self.dataclass(entry.config, {**data, "type": name}, path)
         return cfg
@@ -338,8 +337,35 @@ def _default_at(raw: dict, parts: list[str], source: str) -> Any:
     return copy.deepcopy(node) if isinstance(node, (dict, list)) else {}
 
 
+# keys whose value must be at least this (a zero would divide by zero or silently do nothing)
+_MINIMUM = {"data.max_tokens": 1, "vocab.size": 1, "model.d_model": 1, "train.batch_tokens": 1,
+            "train.accum": 1, "train.max_steps": 0, "train.valid_every": 1, "train.save_every": 1,
+            "train.keep_last": 1, "train.valid_beam": 1, "translate.beam": 1, "translate.n_best": 1,
+            "translate.batch_tokens": 1, "translate.buffer_sentences": 1, "log.every": 1}
+
+
+def _check_values(cfg: "Config", source: str) -> None:
+    for key, minimum in _MINIMUM.items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value < minimum:
+            raise ConfigError(f"{source}: {key}: must be at least {minimum}, got {value}")
+    if cfg.translate.n_best > cfg.translate.beam:
+        raise ConfigError(f"{source}: translate.n_best ({cfg.translate.n_best}) cannot exceed translate.beam "
+                          f"({cfg.translate.beam})")
+    if cfg.train.early_stopping_metric == "bleu" and not cfg.train.valid_bleu:
+        raise ConfigError(f"{source}: train.early_stopping_metric: bleu needs train.valid_bleu: true")
+    for which in ("encoder", "decoder"):
+        heads = getattr(getattr(cfg.model, which), "heads", None)
+        if heads and cfg.model.d_model % heads:
+            raise ConfigError(f"{source}: model.{which}.heads: model.d_model ({cfg.model.d_model}) is not "
+                              f"divisible by {heads} heads")
+
+
 def config_from_dict(raw: dict, source: str = "config") -> Config:
-    return _Loader(source).dataclass(Config, raw, "")
+    cfg = _Loader(source).dataclass(Config, raw, "")
+    _check_values(cfg, source)
+    return cfg
 
 
 def load_config(path: Optional[str], overrides: Optional[list[str]] = None) -> Config:
@@ -360,7 +386,10 @@ def load_config(path: Optional[str], overrides: Optional[list[str]] = None) -> C
             raise ConfigError(f"{path}: not valid UTF-8") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: expected a mapping of sections at the top level")
-    apply_overrides(raw, list(overrides or []))
+    if overrides:
+        config_from_dict(copy.deepcopy(raw), source)      # a mistake in the file is the file's
+        apply_overrides(raw, list(overrides))
+        source = f"{source} with command-line overrides" if path else source
     return config_from_dict(raw, source)
 
 

@@ -155,3 +155,21 @@ def test_every_config_example_loads():
     assert examples
     for path in examples:
         load_config(str(path))
+
+
+def test_values_that_would_divide_by_zero_are_rejected(tmp_path):
+    for override, needle in (("log.every=0", "log.every: must be at least 1"),
+                             ("train.accum=0", "train.accum: must be at least 1"),
+                             ("model.d_model=30", "not divisible by 8 heads"),
+                             ("train.early_stopping_metric=bleu", None)):
+        extra = ["train.valid_bleu=false"] if override.endswith("bleu") else []
+        with pytest.raises(ConfigError, match=needle or "needs train.valid_bleu"):
+            load_config(None, [override, *extra])
+
+
+def test_override_mistakes_are_blamed_on_the_command_line(tmp_path):
+    path = write(tmp_path, {"train": {"max_steps": 3}})
+    with pytest.raises(ConfigError, match=r"x\.yaml with command-line overrides: unknown key 'train.max_step'"):
+        load_config(path, ["train.max_step=3"])
+    with pytest.raises(ConfigError, match=r"x\.yaml: unknown key 'train.bad'"):
+        load_config(write(tmp_path, {"train": {"bad": 3}}), ["train.max_steps=3"])

@@ -150,3 +150,11 @@ def test_binarized_cache_is_reused_and_invalidated(tmp_path):
     write(tmp_path / "c.de", ["w2", "w3 w3", "", "w5"])       # changed file: new key, new ids
     docs3, cached3 = load_tokenized(src, tgt, codec, True, 0, cache)
     assert not cached3 and flat(docs3) != flat(docs1)
+
+
+def test_per_token_extra_fields_are_padded_like_the_target():
+    ex = [Example(mark_sentence([10]), mark_sentence([11, 12]), 0, 0, 1, {"z_star": np.array([1, 0, 1, 1])}),
+          Example(mark_sentence([10]), mark_sentence([11]), 1, 0, 1, {"z_star": np.array([0, 1, 1])})]
+    b = collate(ex)
+    assert b.extra["z_star"].shape == b.tgt_out.shape
+    assert b.extra["z_star"].tolist() == [[1, 0, 1, 1, 0], [0, 1, 1, 0, 0]]

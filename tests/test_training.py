@@ -104,3 +104,55 @@ def test_two_gloo_processes_equal_one_process_with_same_global_batch(toy_dir, tm
     b = load_checkpoint(str(tmp_path / "two" / "checkpoints" / "last.pt"))["model"]
     for name in a:
         assert torch.allclose(a[name], b[name], atol=1e-5), (name, (a[name] - b[name]).abs().max())
+
+
+def test_early_stopping_and_checkpoint_retention(toy_dir, tmp_path):
+    """With a zero learning rate the validation loss cannot improve: training stops after
+    `early_stopping` validations without improvement; keep_last bounds step_N.pt files."""
+    cfg = tiny_config(toy_dir, tmp_path / "es",
+                      optim={"type": "sgd", "lr": 0.0, "schedule": {"type": "constant", "warmup": 1}},
+                      train={"max_steps": 50, "valid_every": 2, "save_every": 2, "early_stopping": 2,
+                             "keep_last": 2})
+    train(config_from_dict(cfg))
+    ckpts = sorted(p.name for p in (tmp_path / "es" / "checkpoints").iterdir())
+    # validations at steps 2 (best), 4 (bad 1), 6 (bad 2 -> stop)
+    assert ckpts == ["best.pt", "last.pt", "step_4.pt", "step_6.pt"]
+    assert load_checkpoint(str(tmp_path / "es" / "checkpoints" / "last.pt"))["step"] == 6
+    assert load_checkpoint(str(tmp_path / "es" / "checkpoints" / "best.pt"))["step"] == 2
+
+
+def test_max_epochs_ends_at_the_epoch_boundary_with_a_final_save(toy_dir, tmp_path):
+    data = small_corpus(toy_dir, tmp_path / "data", lines=60)
+    cfg = tiny_config(toy_dir, tmp_path / "ep", train={"max_steps": 1000, "max_epochs": 1, "batch_tokens": 300,
+                                                       "save_every": 1000, "valid_every": 1000})
+    cfg["data"]["train"] = {"src": str(data / "train.src"), "tgt": str(data / "train.tgt")}
+    c = config_from_dict(cfg)
+    from onmt_doc.train.distributed import DistContext
+    from onmt_doc.train.trainer import Trainer
+    trainer = Trainer(c, DistContext())
+    per_epoch = len(trainer.sampler.epoch_batches(0))
+    trainer.train()
+    last = load_checkpoint(str(tmp_path / "ep" / "checkpoints" / "last.pt"))
+    assert last["step"] == per_epoch
+    assert last["train_state"]["sampler"] == {"epoch": 0, "position": per_epoch, "seed": 1}
+
+
+def test_two_process_resume_equals_straight_run(toy_dir, tmp_path):
+    """Under torchrun with dropout on, each rank's RNG stream is saved and restored."""
+    data = small_corpus(toy_dir, tmp_path / "data", lines=1000)
+    def cfg(run, steps):
+        c = tiny_config(toy_dir, run, train={"max_steps": steps, "batch_tokens": 300, "save_every": 2,
+                                             "valid_every": 100, "threads": 1})
+        c["data"]["train"] = {"src": str(data / "train.src"), "tgt": str(data / "train.tgt")}
+        return str(write_config(c, tmp_path / f"{run.name}_{steps}.yaml"))
+
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                "-m", "onmt_doc.bin.train", "-config"]
+    for run, steps in (("straight", 4), ("resumed", 2), ("resumed", 4)):
+        proc = run_cli(*torchrun, cfg(tmp_path / run, steps))
+        assert proc.returncode == 0, proc.stderr
+    a = load_checkpoint(str(tmp_path / "straight" / "checkpoints" / "last.pt"))
+    b = load_checkpoint(str(tmp_path / "resumed" / "checkpoints" / "last.pt"))
+    assert len(b["train_state"]["rng"]) == 2
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name

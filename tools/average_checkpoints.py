@@ -30,6 +30,8 @@ def _main(argv=None) -> int:
     p.add_argument("-last", "--last", type=int, default=5)
     p.add_argument("-output", "--output", required=True)
     args = p.parse_args(argv)
+    if args.last < 1:
+        raise UserError(f"-last must be at least 1 (got {args.last})")
     paths = args.models or []
     if args.run_dir:
         found = glob.glob(os.path.join(args.run_dir, "checkpoints", "step_*.pt"))

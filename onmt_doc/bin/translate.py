@@ -45,16 +45,22 @@ def _main(argv: Optional[list[str]]) -> int:
         raise UserError("-score needs -tgt (the translations to score)")
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = pick_device(args.device)
+    device = pick_device(args.device, key="-device")
     model, cfg, codec = load_model(args.model, device)
     opts = translator_options(cfg.translate, beam=args.beam, n_best=args.n_best,
                               length_penalty=args.length_penalty, max_len_ratio=args.max_len_ratio,
                               batch_tokens=args.batch_tokens, batch_sentences=args.batch_sentences)
-    if opts.beam < 1 or (opts.n_best or 1) > opts.beam:
-        raise UserError(f"-beam must be >= 1 and -n_best <= -beam (got {opts.beam}, {opts.n_best})")
+    if opts.beam < 1 or opts.n_best < 1 or opts.n_best > opts.beam:
+        raise UserError(f"need -beam >= 1 and 1 <= -n_best <= -beam (got {opts.beam}, {opts.n_best})")
+    for flag, value in (("-batch_tokens", opts.batch_tokens), ("-max_len_ratio", opts.max_len_ratio)):
+        if value <= 0:
+            raise UserError(f"{flag} must be positive (got {value})")
     translator = Translator(model, codec, cfg, opts, device)
     start = time.time()
-    out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
+    try:
+        out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
+    except OSError as e:
+        raise UserError(f"-output {args.output}: cannot write ({e.strerror})") from None
     try:
         scores = translator.run_files(args.src, out, args.tgt, score=args.score)
     finally:

@@ -157,6 +157,10 @@ class BatchSampler:
             self.epoch += 1
             self.position = 0
 
+    def completed_epochs(self) -> int:
+        """Epochs fully consumed (the iterator only moves to the next epoch when asked for a batch)."""
+        return self.epoch + (self.position >= len(self.epoch_batches(self.epoch)))
+
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
 

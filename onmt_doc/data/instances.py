@@ -78,8 +78,8 @@ def _pack(doc: Sequence[tuple], d: int, start: int, end: int) -> Example:
 
 def build_instances(unit: str, docs: Sequence[Sequence[tuple]], max_tokens: int,
                     max_len: int = 0) -> tuple[list[Example], int]:
-    """Instances for a model's unit: ``document`` packs documents, the others use sentences
-    (``context`` models batch sentences of whole documents together, see batching)."""
+    """Instances for a model's unit: ``document`` packs consecutive sentences of a document; the
+    ``sentence`` (and, for now, ``context``) units use one instance per sentence pair."""
     if unit == "document":
         return document_instances(docs, max_tokens), 0
     return sentence_instances(docs, max_len)

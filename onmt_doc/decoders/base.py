@@ -17,7 +17,9 @@ from onmt_doc.modules.state import DecoderState
 @dataclass
 class DecoderOut:
     hidden: torch.Tensor                      # [B, T, D], fed to the generator
-    aux: dict = field(default_factory=dict)   # what losses and analysis read (gates, attention)
+    # what losses and analysis read (gates, attention); aux["stats"] holds per-token sums that
+    # validation reports, keys "group/name" (TensorBoard valid/group/name, divided by target tokens)
+    aux: dict = field(default_factory=dict)
 
 
 class Decoder(nn.Module):

@@ -18,9 +18,8 @@ if TYPE_CHECKING:
 
 
 class Loss:
-    """Subclasses set ``name`` (the stats prefix) and implement ``__call__``."""
+    """Subclasses implement ``__call__``; extra statistics use "group/name" keys."""
 
-    name = "loss"
     training_only = False   # skipped in validation (e.g. regularisers)
 
     def __init__(self, cfg: LossConfig, **context):

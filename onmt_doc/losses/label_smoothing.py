@@ -21,11 +21,10 @@ class LabelSmoothedCEConfig(LossConfig):
 class LabelSmoothedCE(Loss):
     """loss = (1 − ε)·nll + ε·mean over non-pad classes of −log p; stats: nll, tokens, correct."""
 
-    name = "ce"
-
     def __call__(self, out, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         lprobs = torch.log_softmax(out.logits.float(), dim=-1)          # [N, V], non-pad positions
-        nll = -lprobs.gather(1, out.target[:, None]).squeeze(1)
+        target_lp = lprobs.gather(1, out.target[:, None]).squeeze(1)
+        nll = -target_lp
         eps = self.cfg.smoothing
         if eps > 0:
             smooth = -(lprobs.sum(-1) - lprobs[:, PAD_ID]) / (lprobs.size(1) - 1)
@@ -33,6 +32,7 @@ class LabelSmoothedCE(Loss):
         else:
             loss = nll.sum()
         with torch.no_grad():
-            correct = (lprobs.argmax(-1) == out.target).sum()
+            # the target is the argmax (ties aside); amax is several times cheaper than argmax on CPU
+            correct = (target_lp >= lprobs.amax(-1)).sum()
         return loss, {"nll": nll.detach().sum().item(), "correct": correct.item(),
                       "tokens": float(out.target.numel())}

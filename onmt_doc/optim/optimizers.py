@@ -25,9 +25,11 @@ def _register(name: str, factory: Callable) -> None:
 _register("adam", torch.optim.Adam)
 _register("adamw", torch.optim.AdamW)
 _register("sgd", torch.optim.SGD)
-for _name in sorted(torch_optimizer._NAME_OPTIM_MAP):  # radam, lamb, adafactor, …
-    if _name not in REGISTRY:
-        _register(_name, torch_optimizer.get(_name))
+for _name in sorted(torch_optimizer._NAME_OPTIM_MAP):  # radam, lamb, adabelief, …
+    _cls = torch_optimizer.get(_name)
+    # wrappers such as lookahead take another optimizer instead of a learning rate
+    if _name not in REGISTRY and "lr" in inspect.signature(_cls.__init__).parameters:
+        _register(_name, _cls)
 
 
 def build_optimizer(cfg: OptimConfig, groups: Sequence[dict]) -> torch.optim.Optimizer:

@@ -31,17 +31,17 @@ class DistContext:
         return self.world > 1
 
 
-def pick_device(spec: str, local_rank: int = 0) -> torch.device:
+def pick_device(spec: str, local_rank: int = 0, key: str = "train.device") -> torch.device:
     if spec == "auto":
         return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
     if spec.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"train.device: {spec} requested but CUDA is not available")
+        raise ConfigError(f"{key}: {spec} requested but CUDA is not available")
     if spec == "cuda":
         return torch.device(f"cuda:{local_rank}")
     try:
         return torch.device(spec)
     except RuntimeError:
-        raise ConfigError(f"train.device: '{spec}' is not a device (auto, cpu, cuda, cuda:N)") from None
+        raise ConfigError(f"{key}: '{spec}' is not a device (auto, cpu, cuda, cuda:N)") from None
 
 
 def init_distributed(device_spec: str) -> DistContext:
@@ -72,6 +72,15 @@ def broadcast_flag(flag: bool, ctx: DistContext) -> bool:
     t = torch.tensor([int(flag)], device=ctx.device if ctx.device.type == "cuda" else "cpu")
     dist.broadcast(t, 0)
     return bool(t.item())
+
+
+def gather_objects(obj: object, ctx: DistContext) -> list:
+    """Every rank's ``obj``, in rank order (a one-element list without a process group)."""
+    if not ctx.enabled:
+        return [obj]
+    out: list = [None] * ctx.world
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def barrier(ctx: DistContext) -> None:

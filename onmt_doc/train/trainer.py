@@ -132,6 +132,8 @@ class Trainer:
         self.codec = prepare_codec(cfg, self.run_dir, ctx)
         self.model = build_model(cfg.model, self.codec).to(ctx.device)
         scaled = init_from(self.model, cfg.train.init_from, self.codec) if cfg.train.init_from else set()
+        if ctx.rank:  # same initial weights everywhere, a different dropout stream per rank
+            torch.manual_seed(cfg.train.seed + ctx.rank)
         self.losses: list[Loss] = build_losses(cfg.loss, codec=self.codec, config=cfg, run_dir=self.run_dir)
         self.optimizer = build_optimizer(cfg.optim, param_groups(self.model.named_parameters(), scaled,
                                                                  cfg.train.init_lr_scale))
@@ -187,9 +189,13 @@ class Trainer:
             "early_stopping": {"best": self.early.best, "bad": self.early.bad},
             "pending": {"values": self.pending.values, "tokens": self.pending.tokens,
                         "seconds": self.pending.seconds},
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
-                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+            "rng": distributed.gather_objects(self._rng_state(), self.ctx),  # one entry per rank
         }
+
+    @staticmethod
+    def _rng_state() -> dict:
+        return {"torch": torch.get_rng_state(), "python": random.getstate(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
 
     def _payload(self, with_train_state: bool = True) -> dict:
         payload = {"config": config_to_dict(self.cfg), "codec": self.codec.to_dict(),
@@ -198,11 +204,12 @@ class Trainer:
             payload["train_state"] = self._train_state()
         return payload
 
-    def save(self, best: bool = False) -> None:
+    def save(self) -> None:
+        payload = self._payload()          # every rank takes part: RNG states are gathered
         if not self.ctx.main:
             return
         path = os.path.join(self.ckpt_dir, f"step_{self.step}.pt")
-        save_checkpoint(self._payload(), path)
+        save_checkpoint(payload, path)
         tmp = os.path.join(self.ckpt_dir, f".last.pt.tmp{os.getpid()}")
         shutil.copyfile(path, tmp)
         os.replace(tmp, os.path.join(self.ckpt_dir, "last.pt"))
@@ -223,19 +230,29 @@ class Trainer:
         ckpt = load_checkpoint(path)
         if ckpt["codec"] != self.codec.to_dict():
             raise UserError(f"{path}: the run folder's vocabularies changed since this checkpoint")
-        self.model.load_state_dict(ckpt["model"])
         st = ckpt["train_state"]
-        self.optimizer.load_state_dict(st["optimizer"])
+        try:
+            self.model.load_state_dict(ckpt["model"])
+            self.optimizer.load_state_dict(st["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as e:
+            raise UserError(f"{path}: cannot resume: the model or optimizer in the config changed since "
+                            f"this checkpoint ({str(e).splitlines()[0][:160]}); use a new log.dir or "
+                            f"train.resume=false with train.init_from") from None
         if self.scaler and st["scaler"]:
             self.scaler.load_state_dict(st["scaler"])
         self.sampler.load_state_dict(st["sampler"])
         self.early.best, self.early.bad = st["early_stopping"]["best"], st["early_stopping"]["bad"]
         self.pending = StepStats(dict(st["pending"]["values"]), st["pending"]["tokens"], st["pending"]["seconds"])
         self.step = int(st["step"])
-        torch.set_rng_state(st["rng"]["torch"])
-        random.setstate(_as_tuple(st["rng"]["python"]))
-        if st["rng"]["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(st["rng"]["cuda"])
+        rngs = st["rng"]
+        if len(rngs) != self.ctx.world:
+            log.warning("%s was saved by %d process(es), resuming with %d: dropout and shuffling "
+                        "noise will differ from an uninterrupted run", path, len(rngs), self.ctx.world)
+        rng = rngs[self.ctx.rank % len(rngs)]
+        torch.set_rng_state(rng["torch"])
+        random.setstate(_as_tuple(rng["python"]))
+        if rng["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.step,
                  self.sampler.epoch, self.sampler.position)
 
@@ -255,6 +272,8 @@ class Trainer:
             total = loss.weight * value if total is None else total + loss.weight * value
             stats.update(s)
         stats["loss"] = float(total.detach())
+        if not training:  # analysis sums a part reports (e.g. attention entropy, gate means)
+            stats.update(out.aux.get("stats", {}))
         return total, stats
 
     def train_step(self, batches: list) -> dict:
@@ -296,31 +315,39 @@ class Trainer:
         reporter = Reporter(self.run_dir, self.cfg.log.tensorboard, cfg.max_steps, self.step, self.ctx.main)
         batches = iter(self.sampler)
         last_metrics: dict = {}
-        stop = False
+        stop = end = self._at_end()
         try:
-            while self.step < cfg.max_steps and not stop:
-                if cfg.max_epochs and self.sampler.epoch >= cfg.max_epochs:
-                    log.info("reached train.max_epochs=%d", cfg.max_epochs)
-                    break
+            while not (end or stop):
                 t0 = time.time()
                 step_batches = [next(batches) for _ in range(cfg.accum)]
                 values = self.train_step(step_batches)
                 grad_norm = values.pop("grad_norm")
                 self.pending.add(values)
                 self.pending.seconds += time.time() - t0
-                if self.step % self.cfg.log.every == 0 or self.step == cfg.max_steps:
+                end = self._at_end()
+                if self.step % self.cfg.log.every == 0 or end:
                     self._report(reporter, grad_norm)
-                if self.valid_examples and (self.step % cfg.valid_every == 0 or self.step == cfg.max_steps):
+                if self.valid_examples and (self.step % cfg.valid_every == 0 or end):
                     last_metrics = self.validate(reporter)
                     stop = distributed.broadcast_flag(self.early.stop, self.ctx)
                     if stop:
                         log.info("early stopping: no improvement of valid %s in %d validations",
                                  self.early.metric, self.early.patience)
-                if self.step % cfg.save_every == 0 or self.step == cfg.max_steps or stop:
+                if self.step % cfg.save_every == 0 or end or stop:
                     self.save()
         finally:
             reporter.close()
         return last_metrics
+
+    def _at_end(self) -> bool:
+        """True once train.max_steps steps are done or train.max_epochs epochs are consumed."""
+        if self.step >= self.cfg.train.max_steps:
+            return True
+        epochs = self.cfg.train.max_epochs
+        if epochs and self.sampler.completed_epochs() >= epochs:
+            log.info("reached train.max_epochs=%d", epochs)
+            return True
+        return False
 
     def _report(self, reporter: Reporter, grad_norm: float) -> None:
         keys = sorted(self.pending.values)
