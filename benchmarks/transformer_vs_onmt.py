@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Sentence-level Transformer: onmt_doc vs OpenNMT-py 3.5.1 (and CTranslate2 as a ceiling) on Multi30k.
 
-One run, one machine, the two toolkits one after the other (never in parallel):
+One run, one machine, never both toolkits on the CPU at the same time:
 
 1. onmt_doc: write a config (d_model 256, 3+3 layers, 4 heads, ff 1024, shared BPE of ~8k entries,
    tied embeddings, noam, label smoothing 0.1), ``onmt_doc_build_vocab``.
@@ -11,15 +11,22 @@ One run, one machine, the two toolkits one after the other (never in parallel):
    subword tokens per step as OpenNMT-py's ``batch_size 2048 / batch_type tokens`` (the two count
    the budget differently: OpenNMT-py B*max(src, tgt+2), onmt_doc B*max(src+2, tgt+3) because of the
    <s> </s> sentence markup); both batchings are replayed exactly from the corpus lengths.
-4. ``onmt_doc_train`` for --steps steps, ``onmt_doc_translate`` the 1000 test2016 sentences.
-5. ``/work/shared/peers/run_onmt_bench.sh``: onmt_train, onmt_translate, CTranslate2 fp32/int8.
+4. ``onmt_doc_train`` for --steps steps and ``/work/shared/peers/run_onmt_bench.sh`` (onmt_train,
+   onmt_translate, CTranslate2 fp32/int8) with the same shape/steps/batch. The two trainings are
+   time-sliced: each gets the CPU for --slice seconds while the other is SIGSTOPped, so both see the
+   same machine (this VM's speed drifts by 20-30% within minutes; --sequential runs them one after
+   the other instead). The running toolkit is also paused while other processes load the machine.
+5. Translate test2016 with ``onmt_doc_translate`` and ``run_onmt_bench.sh`` (SKIP_TRAIN=1) in
+   alternation, --translate-rounds times each.
 6. Parse the logs, detokenize the OpenNMT-py/CT2 hypotheses with the same tokenizer and score them
    with sacrebleu exactly as onmt_doc does, print a markdown table and update docs/benchmarks.md.
 
-Default run (~20 min on 2 cores):
+Default run (~27 min on 2 cores):
     python benchmarks/transformer_vs_onmt.py --steps 1000 --out runs/bench_transformer
 Smoke test:
-    python benchmarks/transformer_vs_onmt.py --steps 30 --train-lines 3000 --out runs/bench_smoke --no-docs
+    python benchmarks/transformer_vs_onmt.py --steps 60 --train-lines 3000 --slice 10 --out runs/bench_smoke --no-docs
+Re-read a finished run and print/update the report:
+    python benchmarks/transformer_vs_onmt.py --steps 1000 --out runs/bench_transformer --report-only
 """
 from __future__ import annotations
 
@@ -51,52 +58,17 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def run_logged(cmd: list[str], log_path: str, env: Optional[dict] = None, echo: Optional[str] = None,
-               cwd: str = REPO) -> dict:
-    """Run ``cmd`` with stdout+stderr into ``log_path`` (echoing lines matching ``echo``).
-    Returns wall seconds, start/end times, the arrival time of every output line and the CPU cores
-    other processes used meanwhile."""
-    log("$ " + " ".join(shlex.quote(c) for c in cmd) + f"   (log: {os.path.relpath(log_path, REPO)})")
-    start, t0 = time.time(), time.perf_counter()
-    lines = []
-    with open(log_path, "w", encoding="utf-8") as f:
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                             text=True, bufsize=1, start_new_session=True)
-        MONITOR.pause_base, MONITOR.guard_pgid = len(MONITOR.pauses), p.pid
-        for line in p.stdout:
-            f.write(line)
-            lines.append((time.time(), line.rstrip("\n")))
-            if echo and re.search(echo, line):
-                print("    " + line.rstrip(), flush=True)
-        rc = p.wait()
-    MONITOR.release()
-    wall, end = time.perf_counter() - t0, time.time()
-    time.sleep(MONITOR.interval * 1.5)
-    if rc != 0:
-        tail = open(log_path, encoding="utf-8").read().splitlines()[-25:]
-        raise SystemExit(f"command failed (exit {rc}): {' '.join(cmd)}\n" + "\n".join(tail))
-    foreign = MONITOR.foreign(start, end)
-    paused = sum(min(b, end) - max(a, start) for a, b in MONITOR.pauses if b > start and a < end)
-    log(f"  {wall:.1f}s; other processes used {foreign:.2f} CPU cores meanwhile"
-        + (f"; paused {paused:.0f}s while they were busy" if paused else ""))
-    return {"wall": wall, "start": start, "end": end, "lines": lines, "foreign": foreign, "paused": paused}
-
 class CpuMonitor(threading.Thread):
     """Samples machine-wide busy CPU time and the CPU time of this process tree twice a second, so
     that every timed phase can say how much CPU *other* processes took meanwhile (the machine is
-    shared: a concurrent test run on 2 cores halves or worse our throughput)."""
+    shared: a concurrent test run on 2 cores slows a 2-thread toolkit down 10-40x, because its
+    OpenMP threads wait at every barrier for a descheduled sibling)."""
 
     def __init__(self, interval: float = 0.5):
         super().__init__(daemon=True)
         self.interval, self.hz = interval, os.sysconf("SC_CLK_TCK")
         self.samples: list[tuple[float, float, float]] = []   # (time, machine busy s, our tree s)
         self._stop_event = threading.Event()
-        self.guard_pgid: Optional[int] = None   # process group paused while other processes are busy
-        self.paused_since: Optional[float] = None
-        self.pauses: list[tuple[float, float]] = []
-        self.pause_base = 0   # pauses of the current command start here
-        self.yield_to_others, self.max_pause = True, 300.0
-        self.busy_threshold, self.quiet_threshold = 0.5, 0.15
 
     @staticmethod
     def _machine_busy() -> float:
@@ -131,48 +103,7 @@ class CpuMonitor(threading.Thread):
     def run(self) -> None:
         while not self._stop_event.is_set():
             self.sample()
-            if self.yield_to_others and self.guard_pgid is not None:
-                self._guard()
             self._stop_event.wait(self.interval)
-
-    def _guard(self) -> None:
-        """Step aside while other processes need the CPU: with 2 OpenMP threads on 2 shared cores a
-        competing process slows a toolkit down 10-40x (threads wait at every barrier for a descheduled
-        sibling), which wastes the CPU for everybody. SIGSTOP our command's process group when others
-        take > busy_threshold cores, SIGCONT once they are quiet (or after max_pause s in total).
-        The report intervals and translation timings that include a pause are excluded/repeated."""
-        import signal
-        now = time.time()
-        load = self.foreign(now - 2.0, now)
-        if load != load:
-            return
-        try:
-            if self.paused_since is None:
-                total = sum(b - a for a, b in self.pauses[self.pause_base:])
-                if load > self.busy_threshold and total < self.max_pause:
-                    os.killpg(self.guard_pgid, signal.SIGSTOP)
-                    self.paused_since = now
-                    log(f"  other processes use {load:.2f} cores: pausing the benchmark command")
-            elif (self.foreign(now - 3.0, now) < self.quiet_threshold
-                  or sum(b - a for a, b in self.pauses[self.pause_base:]) + now - self.paused_since >= self.max_pause):
-                os.killpg(self.guard_pgid, signal.SIGCONT)
-                self.pauses.append((self.paused_since, now))
-                log(f"  resumed after {now - self.paused_since:.0f}s")
-                self.paused_since = None
-        except ProcessLookupError:
-            self.paused_since = None
-
-    def release(self) -> None:
-        """Stop guarding (the command ended); continue it if it is paused."""
-        import signal
-        pgid, self.guard_pgid = self.guard_pgid, None
-        if self.paused_since is not None and pgid is not None:
-            try:
-                os.killpg(pgid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-            self.pauses.append((self.paused_since, time.time()))
-            self.paused_since = None
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -189,6 +120,7 @@ class CpuMonitor(threading.Thread):
     def wait_quiet(self, limit: float, window: float = 5.0, threshold: float = 0.1) -> float:
         """Wait (up to ``limit`` s) until other processes used < ``threshold`` cores for ``window`` s."""
         t0 = time.time()
+        time.sleep(max(0.0, window - (t0 - self.samples[0][0])) if self.samples else window)
         while True:
             now = time.time()
             load = self.foreign(now - window, now)
@@ -197,6 +129,141 @@ class CpuMonitor(threading.Thread):
                     log(f"waited {now - t0:.0f}s for a quiet machine (other processes: {load:.2f} cores)")
                 return load
             time.sleep(1.0)
+
+
+class Job:
+    """A command in its own process group, its output logged with arrival times by a reader thread."""
+
+    def __init__(self, name: str, cmd: list[str], log_path: str, env: Optional[dict] = None,
+                 echo: Optional[str] = None, stopped: bool = False):
+        log(f"$ {' '.join(shlex.quote(c) for c in cmd)}   (log: {os.path.relpath(log_path, REPO)})")
+        self.name, self.cmd, self.log_path, self.echo = name, cmd, log_path, echo
+        self.lines: list[tuple[float, str]] = []
+        self.stops: list[list[float]] = []        # [start, end] periods this job was SIGSTOPped
+        self.yield_s = 0.0                         # seconds stopped because other processes were busy
+        self.start, self.t0 = time.time(), time.perf_counter()
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO,
+                                     text=True, bufsize=1, start_new_session=True)
+        if stopped:
+            self.pause()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        with open(self.log_path, "w", encoding="utf-8") as f:
+            for line in self.proc.stdout:
+                f.write(line)
+                f.flush()
+                self.lines.append((time.time(), line.rstrip("\n")))
+                if self.echo and re.search(self.echo, line):
+                    print(f"    {line.rstrip()}", flush=True)
+
+    @property
+    def paused(self) -> bool:
+        return bool(self.stops) and self.stops[-1][1] is None
+
+    def pause(self) -> None:
+        import signal
+        if not self.paused and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGSTOP)
+                self.stops.append([time.time(), None])
+            except ProcessLookupError:
+                pass
+
+    def resume(self) -> None:
+        import signal
+        if self.paused:
+            try:
+                os.killpg(self.proc.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            self.stops[-1][1] = time.time()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stopped_between(self, t0: float, t1: float) -> float:
+        return sum(min(b if b is not None else t1, t1) - max(a, t0) for a, b in self.stops
+                   if (b is None or b > t0) and a < t1)
+
+    def finish(self) -> dict:
+        rc = self.proc.wait()
+        self.reader.join()
+        self.end, self.wall = time.time(), time.perf_counter() - self.t0
+        if rc != 0:
+            tail = open(self.log_path, encoding="utf-8").read().splitlines()[-25:]
+            raise SystemExit(f"command failed (exit {rc}): {' '.join(self.cmd)}\n" + "\n".join(tail))
+        return {"wall": self.wall, "start": self.start, "end": self.end, "lines": self.lines,
+                "stops": self.stops, "stopped": self.stopped_between(self.start, self.end)}
+
+
+def schedule(jobs: list[Job], opts: argparse.Namespace, slice_s: float = 0.0,
+             exclusive: Optional[dict] = None) -> list[dict]:
+    """Run ``jobs`` so that only one of them uses the CPU at any time (the others are SIGSTOPped):
+    with several jobs the CPU passes from one to the next every ``slice_s`` seconds, so that both
+    toolkits see the same machine over the same period (this VM's speed drifts by 20-30% within
+    minutes: its vCPUs share physical cores with other tenants). While other processes on the machine
+    take more than opts.busy_threshold cores, the running job is paused too (up to opts.max_pause s
+    per job) instead of thrashing. ``exclusive`` maps a job name to a regex: once that job prints a
+    matching line (e.g. its translation starts) it keeps the CPU until it ends. Report intervals and
+    timings that include a stop are excluded or repeated by the callers."""
+    for j in jobs[1:]:
+        j.pause()
+    current, yielding, slot = jobs[0], False, time.time()
+    current.resume()
+    holding: set = set()
+    while any(j.alive() for j in jobs):
+        time.sleep(0.5)
+        now = time.time()
+        for j in jobs:
+            if exclusive and j.name in exclusive and any(re.search(exclusive[j.name], l) for _, l in j.lines[-5:]):
+                holding.add(j.name)
+        if not current.alive():
+            nxt = next((j for j in jobs if j.alive()), None)
+            if nxt is None:
+                break
+            current, slot, yielding = nxt, now, False
+            current.resume()
+            continue
+        if opts.yield_to_others:
+            if not yielding:
+                load = MONITOR.foreign(now - 2.0, now)
+                if load == load and load > opts.busy_threshold and current.yield_s < opts.max_pause:
+                    current.pause()
+                    yielding = True
+                    log(f"  other processes use {load:.2f} cores: pausing {current.name}")
+                    continue
+            else:
+                waited = now - current.stops[-1][0]
+                if MONITOR.foreign(now - 3.0, now) < opts.quiet_threshold or current.yield_s + waited >= opts.max_pause:
+                    current.yield_s += waited
+                    current.resume()
+                    yielding = False
+                    log(f"  resumed {current.name} after {waited:.0f}s")
+                continue
+        others = [j for j in jobs if j is not current and j.alive()]
+        if slice_s and others and now - slot >= slice_s and current.name not in holding:
+            current.pause()
+            current = others[0]
+            current.resume()
+            slot = now
+    time.sleep(MONITOR.interval * 1.5)
+    results = []
+    for j in jobs:
+        r = j.finish()
+        r["name"] = j.name
+        r["foreign"] = MONITOR.foreign(r["start"], r["end"])
+        log(f"  {j.name}: {r['wall']:.1f}s wall, stopped {r['stopped']:.0f}s; other processes used "
+            f"{r['foreign']:.2f} CPU cores meanwhile")
+        results.append(r)
+    return results
+
+
+def run_logged(name: str, cmd: list[str], log_path: str, opts: argparse.Namespace, env: Optional[dict] = None,
+               echo: Optional[str] = None) -> dict:
+    """One command alone on the CPU (paused while other processes are busy)."""
+    return schedule([Job(name, cmd, log_path, env, echo)], opts)[0]
 
 
 MONITOR = CpuMonitor()
@@ -374,33 +441,41 @@ def onmt_py_intervals(text: str) -> list[dict]:
     return out
 
 
-def steady_rates(intervals: list[dict], start: float, threshold: float) -> dict:
-    """Rates over the report intervals after the first, restricted to the intervals during which
-    other processes used less than ``threshold`` CPU cores (if enough of them are clean)."""
+def overlap(stops: list, t0: float, t1: float) -> float:
+    """Seconds of the [start, end] periods in ``stops`` that fall inside [t0, t1]."""
+    return sum(min(b if b is not None else t1, t1) - max(a, t0) for a, b in stops
+               if (b is None or b > t0) and a < t1)
+
+
+def steady_rates(intervals: list[dict], start: float, stops: list, threshold: float) -> dict:
+    """Rates over the report intervals after the first (start-up excluded), restricted to the
+    intervals during which the job was never stopped and other processes used less than
+    ``threshold`` CPU cores (all intervals after the first if too few are clean)."""
     prev = start
     for iv in intervals:
         iv["foreign"] = MONITOR.foreign(prev, iv["end"])
-        iv["paused"] = sum(min(b, iv["end"]) - max(a, prev) for a, b in MONITOR.pauses if b > prev and a < iv["end"])
+        iv["stopped"] = overlap(stops, prev, iv["end"])
         prev = iv["end"]
     steady = intervals[1:] or intervals
-    clean = [iv for iv in steady if iv["foreign"] == iv["foreign"] and iv["foreign"] < threshold and not iv["paused"]]
+    clean = [iv for iv in steady if iv["foreign"] == iv["foreign"] and iv["foreign"] < threshold and not iv["stopped"]]
     use = clean if len(clean) >= max(2, len(steady) // 4) else steady
 
     def rate(ivs: list[dict], key: str) -> float:
         return sum(i[key] for i in ivs) / sum(i["seconds"] for i in ivs)
 
     n_steps = sum(i["steps"] for i in intervals)
+    half = len(use) // 2
     return {
         "real_tok_s": rate(use, "real"), "reported_tok_s": rate(use, "counted"), "steps_per_s": rate(use, "steps"),
-        "real_tok_s_all": rate(steady, "real"), "intervals_used": len(use), "intervals_steady": len(steady),
-        "intervals_clean": len(clean),
-        "clean_only": use is clean,
+        "real_tok_s_first_half": rate(use[:half] or use, "real"), "real_tok_s_second_half": rate(use[half:], "real"),
+        "intervals_used": len(use), "intervals_steady": len(steady), "intervals_clean": len(clean),
         "foreign_used": sum(i["foreign"] * i["seconds"] for i in use) / sum(i["seconds"] for i in use),
-        "foreign_all": sum(i["foreign"] * i["seconds"] for i in steady) / sum(i["seconds"] for i in steady),
         "real_tgt_per_step": sum(i["real"] for i in intervals) / n_steps,
         "counted_tgt_per_step": sum(i["counted"] for i in intervals) / n_steps,
         "sents_per_step": sum(i["sents"] for i in intervals) / n_steps,
         "last_ppl": intervals[-1]["ppl"],
+        "trace": [(round(i["end"], 1), i["step"], round(i["real"] / i["seconds"]), i["stopped"] > 0,
+                   round(i["foreign"], 2)) for i in intervals],
     }
 
 
@@ -419,16 +494,45 @@ def detok_scores(hyp_path: str, ref_path: str, subword_model: str) -> dict:
     return {"bleu": s_bleu(hyps, refs), "chrf": chrf(hyps, refs)}
 
 
-def window(lines: list, begin: str, end: Optional[str], default_end: float) -> tuple[float, float]:
+def window(lines: list, begin: str, end: Optional[str], default_end: float) -> Optional[tuple[float, float]]:
     """Times of the first output line matching ``begin`` and of the next one matching ``end``."""
-    t0 = next(t for t, line in lines if re.search(begin, line))
+    t0 = next((t for t, line in lines if re.search(begin, line)), None)
+    if t0 is None:
+        return None
     t1 = next((t for t, line in lines if t > t0 and end and re.search(end, line)), default_end)
     return t0, t1
 
 
+def disturbance(res: dict, win: Optional[tuple[float, float]]) -> tuple[float, float]:
+    """(other processes' CPU cores, seconds stopped) during a window of a job."""
+    if win is None:
+        return float("nan"), 0.0
+    return MONITOR.foreign(*win), overlap(res["stops"], *win)
+
+
+def onmt_attempt(res: dict, onmt_dir: str, k: int) -> dict:
+    """Timings of one run_onmt_bench.sh run, read right after it (the next run overwrites the files)."""
+    summary = open(os.path.join(onmt_dir, "summary.txt"), encoding="utf-8").read()
+    shutil.copyfile(os.path.join(onmt_dir, "summary.txt"), os.path.join(onmt_dir, f"summary.{k}.txt"))
+    m = re.search(r"translation time ([\d.]+) s \(process wall ([\d.]+) s", summary)
+    res.update({"attempt": k, "summary": summary, "translate_s": float(m.group(1)),
+                "translate_process_wall": float(m.group(2)), "ct2": {}})
+    res["translate_foreign"], res["translate_stopped"] = disturbance(
+        res, window(res["lines"], r"^== onmt_translate", r"^== CTranslate2", res["end"]))
+    res["ct2_foreign"], res["ct2_stopped"] = disturbance(
+        res, window(res["lines"], r"^== CTranslate2", r"^== OpenNMT-py training", res["end"]))
+    res["train_window"] = window(res["lines"], r"^== train", r"^== onmt_translate", res["end"])
+    for tag, logname in (("fp32", "ct2_translate.log"), ("int8", "ct2_translate_int8.log")):
+        path = os.path.join(onmt_dir, logname)
+        if os.path.exists(path):
+            mm = re.search(r"median ([\d.]+)s", open(path, encoding="utf-8").read())
+            res["ct2"][tag] = float(mm.group(1))
+    return res
+
+
 def save_phases(path: str, phases: dict) -> None:
     with open(path, "w", encoding="utf-8") as f:
-        json.dump({"phases": phases, "cpu_samples": MONITOR.samples, "pauses": MONITOR.pauses}, f)
+        json.dump({"phases": phases, "cpu_samples": MONITOR.samples}, f)
 
 
 def load_phases(path: str) -> dict:
@@ -436,8 +540,14 @@ def load_phases(path: str) -> dict:
         saved = json.load(f)
     MONITOR.samples[:0] = [tuple(x) for x in saved["cpu_samples"]]
     MONITOR.samples.sort()
-    MONITOR.pauses.extend(tuple(x) for x in saved.get("pauses", []))
     return saved["phases"]
+
+
+def clean_mean(runs: list[dict], key: str, foreign_key: str, stopped_key: str, thr: float) -> tuple[float, list]:
+    """Mean of ``key`` over the undisturbed runs (all runs if none is undisturbed)."""
+    ok = [r for r in runs if r[foreign_key] == r[foreign_key] and r[foreign_key] < thr and not r[stopped_key]]
+    vals = [r[key] for r in (ok or runs)]
+    return sum(vals) / len(vals), vals
 
 
 # ----------------------------------------------------------------------------- main
@@ -460,22 +570,25 @@ def main() -> None:
     p.add_argument("--tbatch", type=int, default=32, help="sentences per translation batch")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=1234, help="OpenNMT-py seed")
+    p.add_argument("--sequential", action="store_true",
+                   help="train onmt_doc, then OpenNMT-py (default: alternate them every --slice seconds)")
+    p.add_argument("--slice", type=float, default=90.0,
+                   help="seconds of CPU each training gets before the other one's turn (never both at once)")
+    p.add_argument("--translate-rounds", type=int, default=2,
+                   help="timed translations per toolkit, alternating onmt_doc / OpenNMT-py+CT2")
     p.add_argument("--quiet-threshold", type=float, default=0.15,
-                   help="a phase or report interval is 'clean' when other processes used fewer CPU cores")
+                   help="an interval/translation is clean when other processes used fewer CPU cores")
+    p.add_argument("--busy-threshold", type=float, default=0.5,
+                   help="pause the running toolkit while other processes use more CPU cores than this")
+    p.add_argument("--no-yield", action="store_true", help="never pause for other processes")
+    p.add_argument("--max-pause", type=float, default=300, help="seconds a command may be paused for others")
     p.add_argument("--max-wait", type=float, default=120, help="seconds to wait for a quiet machine per phase")
-    p.add_argument("--translate-tries", type=int, default=3,
-                   help="repeat a translation timing disturbed by other processes up to this many runs")
-    p.add_argument("--no-yield", action="store_true",
-                   help="do not pause the running toolkit while other processes are busy on the machine")
-    p.add_argument("--max-pause", type=float, default=300, help="total pause seconds allowed per command")
-    p.add_argument("--reuse-onmt", action="store_true", help="parse an existing OpenNMT-py run in --out")
-    p.add_argument("--reuse-ours", action="store_true", help="parse an existing onmt_doc run in --out")
+    p.add_argument("--report-only", action="store_true", help="re-read a finished run in --out and report")
     p.add_argument("--docs", default=os.path.join(REPO, "docs", "benchmarks.md"))
     p.add_argument("--no-docs", action="store_true", help="do not update docs/benchmarks.md")
     args = p.parse_args()
+    args.yield_to_others = not args.no_yield
 
-    MONITOR.yield_to_others, MONITOR.max_pause = not args.no_yield, args.max_pause
-    MONITOR.quiet_threshold = args.quiet_threshold
     MONITOR.sample()
     MONITOR.start()
     t_start = time.perf_counter()
@@ -533,10 +646,11 @@ def main() -> None:
     subword_model = os.path.join(run_dir, "subword.model")
     vocab_cmd = tool("onmt_doc_build_vocab") + ["-config", config_path]
     commands.append(" ".join(vocab_cmd))
-    if not args.reuse_ours:
+    if not args.report_only:
         shutil.rmtree(run_dir, ignore_errors=True)
         write_config()
-        run_logged(vocab_cmd, os.path.join(ours_dir, "build_vocab.log"), echo=r"written to")
+        run_logged("onmt_doc_build_vocab", vocab_cmd, os.path.join(ours_dir, "build_vocab.log"), args,
+                   echo=r"written to")
     vocab_entries = len([1 for line in open(os.path.join(run_dir, "vocab.txt"), encoding="utf-8") if line.strip()])
 
     # ---- identical subwords for OpenNMT-py
@@ -547,7 +661,8 @@ def main() -> None:
     for split, name in (("train", "train"), ("valid", "valid"), ("test2016", "test")):
         for lang in ("en", "de"):
             toks = tok.tokenize_batch(read_lines(raw[split][lang]))[0]
-            write_lines(os.path.join(tok_dir, f"{name}.{lang}"), [" ".join(t) for t in toks])
+            if not args.report_only:
+                write_lines(os.path.join(tok_dir, f"{name}.{lang}"), [" ".join(t) for t in toks])
             if split == "train":
                 lengths[lang] = np.array([len(t) for t in toks], dtype=np.int64)
                 texts[lang] = [" ".join(t) for t in toks]
@@ -567,7 +682,7 @@ def main() -> None:
         f"{ours_at_same:.0f}; calibrated batch_tokens {batch_tokens} -> {ours_epoch_real:.0f}")
     config["train"]["batch_tokens"] = batch_tokens
 
-    # ---- onmt_doc: train + translate
+    # ---- commands
     ours_hyp = os.path.join(ours_dir, "test.hyp")
     ours_train_log = os.path.join(ours_dir, "train.log")
     ckpt = os.path.join(run_dir, "checkpoints", "last.pt")
@@ -575,37 +690,82 @@ def main() -> None:
     translate_cmd = tool("onmt_doc_translate") + [
         "-model", ckpt, "-src", raw["test2016"]["en"], "-tgt", raw["test2016"]["de"], "-beam", str(args.beam),
         "-batch_size", str(args.tbatch), "-threads", str(args.threads), "-output", ours_hyp]
-    commands += [" ".join(train_cmd), " ".join(translate_cmd)]
-    ours_phases_path = os.path.join(ours_dir, "phases.json")
-    if not args.reuse_ours:
+    env = dict(os.environ, STEPS=str(args.steps), LAYERS="3", DMODEL="256", HEADS="4", FF="1024", DROPOUT="0.1",
+               BATCH_TOKENS=str(args.onmt_batch_tokens), WARMUP=str(args.warmup), LR=str(args.lr),
+               BEAM=str(args.beam), TBATCH=str(args.tbatch), THREADS=str(args.threads), VOCAB_SIZE="32768",
+               SRC_EXT="en", TGT_EXT="de", SEED=str(args.seed), VENV=args.venv, CT2_INT8="1")
+    onmt_cmd = ["bash", os.path.join(args.peers, "run_onmt_bench.sh"), os.path.join(tok_dir, "train"),
+                os.path.join(tok_dir, "valid"), os.path.join(tok_dir, "test"), onmt_dir]
+    env_str = " ".join(f"{k}={env[k]}" for k in ("STEPS", "LAYERS", "DMODEL", "HEADS", "FF", "DROPOUT", "BATCH_TOKENS",
+                                                  "WARMUP", "LR", "BEAM", "TBATCH", "THREADS", "VOCAB_SIZE",
+                                                  "SRC_EXT", "TGT_EXT", "SEED"))
+    commands += [" ".join(train_cmd), env_str + " " + " ".join(onmt_cmd), " ".join(translate_cmd),
+                 f"SKIP_TRAIN=1 {env_str} {' '.join(onmt_cmd)}   # further translation rounds"]
+    phases_path = os.path.join(out, "phases.json")
+    echo_ours = r"step \d+/|validation|parameters|error"
+    echo_onmt = r"^==|BLEU|sent/s|sentences/s"
+
+    # ---- run: the two trainings time-sliced (never both on the CPU), then alternating translations
+    if not args.report_only:
         write_config()
         for sub in ("checkpoints", "tensorboard"):
             shutil.rmtree(os.path.join(run_dir, sub), ignore_errors=True)
-        phases = {}
+        for f in os.listdir(onmt_dir):
+            if f.startswith(("model_step_", "summary")):
+                os.remove(os.path.join(onmt_dir, f))
+        phases: dict = {"onmt": [], "translate_ours": []}
         MONITOR.wait_quiet(args.max_wait, threshold=thr)
-        phases["train"] = run_logged(train_cmd, ours_train_log, echo=r"step \d+/|validation|parameters|error")
-        phases["translate"] = []
-        for attempt in range(args.translate_tries):
+        onmt_env = dict(env, SKIP_TRAIN="0")
+        if args.sequential:
+            phases["train_ours"] = run_logged("onmt_doc_train", train_cmd, ours_train_log, args, echo=echo_ours)
             MONITOR.wait_quiet(args.max_wait, threshold=thr)
-            r = run_logged(translate_cmd, os.path.join(ours_dir, f"translate.{attempt}.log"),
-                           echo=r"translated|BLEU|error")
+            res = run_logged("run_onmt_bench", onmt_cmd, os.path.join(onmt_dir, "bench.0.log"), args, onmt_env, echo_onmt)
+        else:
+            log(f"training both toolkits time-sliced: {args.slice:.0f}s of CPU each in turn, never both at once")
+            jobs = [Job("onmt_doc_train", train_cmd, ours_train_log, echo=echo_ours),
+                    Job("run_onmt_bench", onmt_cmd, os.path.join(onmt_dir, "bench.0.log"), onmt_env, echo_onmt,
+                        stopped=True)]
+            phases["train_ours"], res = schedule(jobs, args, slice_s=args.slice,
+                                                 exclusive={"run_onmt_bench": r"^== onmt_translate"})
+        phases["onmt"].append(onmt_attempt(res, onmt_dir, 0))
+        tries = 0
+        while len(phases["translate_ours"]) < args.translate_rounds and tries < 3 * args.translate_rounds:
+            tries += 1
+            MONITOR.wait_quiet(args.max_wait, threshold=thr)
+            r = run_logged("onmt_doc_translate", translate_cmd, os.path.join(ours_dir, f"translate.{tries}.log"),
+                           args, echo=r"translated|BLEU|error")
             r["translate_s"] = float(re.search(r"translated .* in ([\d.]+)s", "\n".join(l for _, l in r["lines"])).group(1))
-            phases["translate"].append(r)
-            if r["foreign"] < thr:
-                break
-        save_phases(ours_phases_path, phases)
-    phases = load_phases(ours_phases_path) if args.reuse_ours else phases
+            r["translate_foreign"], r["translate_stopped"] = r["foreign"], r["stopped"]
+            if r["foreign"] < thr and not r["stopped"]:
+                phases["translate_ours"].append(r)
+            else:
+                log("  disturbed by other processes: this translation is timed again")
+                phases.setdefault("translate_ours_disturbed", []).append(r)
+                continue
+            clean_onmt = [a for a in phases["onmt"] if a["translate_foreign"] < thr and not a["translate_stopped"]]
+            if len(clean_onmt) < args.translate_rounds:
+                MONITOR.wait_quiet(args.max_wait, threshold=thr)
+                k = len(phases["onmt"])
+                res = run_logged("run_onmt_bench (SKIP_TRAIN=1)", onmt_cmd, os.path.join(onmt_dir, f"bench.{k}.log"),
+                                 args, dict(env, SKIP_TRAIN="1"), echo_onmt)
+                phases["onmt"].append(onmt_attempt(res, onmt_dir, k))
+        if not phases["translate_ours"]:
+            phases["translate_ours"] = phases.pop("translate_ours_disturbed")
+        save_phases(phases_path, phases)
+    else:
+        phases = load_phases(phases_path)
+
+    # ---- onmt_doc results
+    tr = phases["train_ours"]
     ours_batches = onmt_doc_batches(n_src, n_tgt, batch_tokens, OURS_SEED, args.steps)
-    ours = steady_rates(onmt_doc_intervals(phases["train"]["lines"], ours_batches, n_tgt),
-                        phases["train"]["start"], thr)
-    ours["train_wall"] = phases["train"]["wall"] - phases["train"].get("paused", 0.0)
-    ours["train_foreign"] = phases["train"]["foreign"]
-    best = min(phases["translate"], key=lambda r: (r["foreign"] >= thr, r["translate_s"]))
-    ours["translate_s"], ours["translate_foreign"] = best["translate_s"], best["foreign"]
-    ours["translate_runs"] = [(r["translate_s"], round(r["foreign"], 2)) for r in phases["translate"]]
+    ours = steady_rates(onmt_doc_intervals(tr["lines"], ours_batches, n_tgt), tr["start"], tr["stops"], thr)
+    ours["train_wall"] = tr["wall"] - tr["stopped"]
+    ours["train_stopped"] = tr["stopped"]
+    ours["translate_s"], ours["translate_runs"] = clean_mean(phases["translate_ours"], "translate_s",
+                                                             "translate_foreign", "translate_stopped", thr)
     ours["sent_s"] = n_test / ours["translate_s"]
-    tr = "\n".join(line for _, line in best["lines"])
-    m = re.search(r"BLEU ([\d.]+) \| chrF ([\d.]+)", tr)
+    text = "\n".join(line for _, line in phases["translate_ours"][-1]["lines"])
+    m = re.search(r"BLEU ([\d.]+) \| chrF ([\d.]+)", text)
     ours["bleu"], ours["chrf"] = float(m.group(1)), float(m.group(2))
     vm = re.findall(r"validation at step \d+: loss ([\d.]+) \| ppl ([\d.]+)", open(ours_train_log, encoding="utf-8").read())
     ours["valid_ppl"] = float(vm[-1][1]) if vm else None
@@ -615,80 +775,32 @@ def main() -> None:
     del model
     ours["hyp_subwords"] = sum(len(tok.tokenize(h)[0]) for h in read_lines(ours_hyp))
 
-    # ---- OpenNMT-py + CTranslate2
-    env = dict(os.environ, STEPS=str(args.steps), LAYERS="3", DMODEL="256", HEADS="4", FF="1024", DROPOUT="0.1",
-               BATCH_TOKENS=str(args.onmt_batch_tokens), WARMUP=str(args.warmup), LR=str(args.lr),
-               BEAM=str(args.beam), TBATCH=str(args.tbatch), THREADS=str(args.threads), VOCAB_SIZE="32768",
-               SRC_EXT="en", TGT_EXT="de", SEED=str(args.seed), VENV=args.venv, CT2_INT8="1")
-    bench = os.path.join(args.peers, "run_onmt_bench.sh")
-    onmt_cmd = ["bash", bench, os.path.join(tok_dir, "train"), os.path.join(tok_dir, "valid"),
-                os.path.join(tok_dir, "test"), onmt_dir]
-    env_str = " ".join(f"{k}={env[k]}" for k in ("STEPS", "LAYERS", "DMODEL", "HEADS", "FF", "DROPOUT", "BATCH_TOKENS",
-                                                  "WARMUP", "LR", "BEAM", "TBATCH", "THREADS", "VOCAB_SIZE",
-                                                  "SRC_EXT", "TGT_EXT", "SEED"))
-    commands.append(env_str + " " + " ".join(onmt_cmd))
-    onmt_phases_path = os.path.join(onmt_dir, "phases.json")
-
-    def onmt_attempt(r: dict) -> dict:
-        """Translation timings of one run_onmt_bench.sh run and the CPU other processes took meanwhile."""
-        summary = open(os.path.join(onmt_dir, "summary.txt"), encoding="utf-8").read()
-        shutil.copyfile(os.path.join(onmt_dir, "summary.txt"), os.path.join(onmt_dir, f"summary.{r['attempt']}.txt"))
-        m = re.search(r"translation time ([\d.]+) s \(process wall ([\d.]+) s", summary)
-        r["translate_s"], r["translate_process_wall"] = float(m.group(1)), float(m.group(2))
-        r["summary"] = summary
-        t0, t1 = window(r["lines"], r"^== onmt_translate", r"^== CTranslate2", r["end"])
-        r["translate_foreign"] = MONITOR.foreign(t0, t1)
-        t0, t1 = window(r["lines"], r"^== CTranslate2", r"^== OpenNMT-py training", r["end"])
-        r["ct2_foreign"] = MONITOR.foreign(t0, t1)
-        r["ct2"] = {}
-        for tag, logname in (("fp32", "ct2_translate.log"), ("int8", "ct2_translate_int8.log")):
-            path = os.path.join(onmt_dir, logname)
-            if os.path.exists(path):
-                mm = re.search(r"median ([\d.]+)s", open(path, encoding="utf-8").read())
-                r["ct2"][tag] = float(mm.group(1))
-        return r
-
-    if not args.reuse_onmt:
-        attempts = []
-        for attempt in range(args.translate_tries):
-            MONITOR.wait_quiet(args.max_wait, threshold=thr)
-            run_env = dict(env, SKIP_TRAIN="1" if attempt else "0")
-            r = run_logged(onmt_cmd, os.path.join(onmt_dir, f"bench.{attempt}.log"), env=run_env,
-                           echo=r"^==|BLEU|sent/s|sentences/s")
-            r["attempt"] = attempt
-            attempts.append(onmt_attempt(r))
-            if r["translate_foreign"] < thr and r["ct2_foreign"] < thr:
-                break
-            log(f"OpenNMT-py/CT2 translation disturbed (other processes {r['translate_foreign']:.2f} / "
-                f"{r['ct2_foreign']:.2f} cores): timing the translations again (SKIP_TRAIN=1)")
-        save_phases(onmt_phases_path, {"attempts": attempts})
-    attempts = load_phases(onmt_phases_path)["attempts"] if args.reuse_onmt else attempts
+    # ---- OpenNMT-py / CTranslate2 results
+    attempts = phases["onmt"]
     first = attempts[0]
-    theirs = steady_rates(onmt_py_intervals(open(os.path.join(onmt_dir, "train.log"), encoding="utf-8").read()),
-                          first["start"], thr)
     train_log_text = open(os.path.join(onmt_dir, "train.log"), encoding="utf-8").read()
+    theirs = steady_rates(onmt_py_intervals(train_log_text), first["train_window"][0], first["stops"], thr)
     params = re.search(r"\* number of parameters: (\d+)", train_log_text)
     theirs["params"] = int(params.group(1)) if params else 0
+    vppl = re.findall(r"Validation perplexity: ([\d.]+)", train_log_text)
+    theirs["valid_ppl"] = float(vppl[-1]) if vppl else None
     m = re.search(r"train wall .*?: ([\d.]+) s", first["summary"])
-    theirs["train_wall"] = float(m.group(1)) if m else float("nan")
-    t0, t1 = window(first["lines"], r"^== train", r"^== onmt_translate", first["end"])
-    theirs["train_foreign"] = MONITOR.foreign(t0, t1)
-    theirs["train_wall"] -= sum(min(b, t1) - max(a, t0) for a, b in MONITOR.pauses if b > t0 and a < t1)
-    best = min(attempts, key=lambda r: (r["translate_foreign"] >= thr, r["translate_s"]))
-    theirs["translate_s"], theirs["translate_foreign"] = best["translate_s"], best["translate_foreign"]
-    theirs["translate_process_wall"] = best["translate_process_wall"]
-    theirs["translate_runs"] = [(r["translate_s"], round(r["translate_foreign"], 2)) for r in attempts]
+    theirs["train_stopped"] = overlap(first["stops"], *first["train_window"])
+    theirs["train_wall"] = (float(m.group(1)) if m else float("nan")) - theirs["train_stopped"]
+    theirs["translate_s"], theirs["translate_runs"] = clean_mean(attempts, "translate_s", "translate_foreign",
+                                                                 "translate_stopped", thr)
     theirs["sent_s"] = n_test / theirs["translate_s"]
     tok_bleu = dict(re.findall(r"^(onmt|ct2 fp32|ct2 int8): BLEU ([\d.]+)", first["summary"], re.M))
     theirs["bleu_tok"] = float(tok_bleu["onmt"]) if "onmt" in tok_bleu else float("nan")
     theirs.update(detok_scores(os.path.join(onmt_dir, "test.onmt.hyp"), raw["test2016"]["de"], subword_model))
     theirs["hyp_subwords"] = sum(len(line.split()) for line in read_lines(os.path.join(onmt_dir, "test.onmt.hyp")))
-    ct2_best = min(attempts, key=lambda r: (r["ct2_foreign"] >= thr, r["ct2"].get("fp32", 1e9)))
     ct2 = {}
     for tag, hyp in (("fp32", "test.ct2.hyp"), ("int8", "test.ct2int8.hyp")):
-        if tag in ct2_best["ct2"]:
-            ct2[tag] = {"translate_s": ct2_best["ct2"][tag], "sent_s": n_test / ct2_best["ct2"][tag],
-                        "foreign": ct2_best["ct2_foreign"], "bleu_tok": float(tok_bleu.get(f"ct2 {tag}", "nan")),
+        runs = [dict(a, ct2_s=a["ct2"][tag]) for a in attempts if tag in a["ct2"]]
+        if runs:
+            t, vals = clean_mean(runs, "ct2_s", "ct2_foreign", "ct2_stopped", thr)
+            ct2[tag] = {"translate_s": t, "runs": vals, "sent_s": n_test / t,
+                        "bleu_tok": float(tok_bleu.get(f"ct2 {tag}", "nan")),
                         **detok_scores(os.path.join(onmt_dir, hyp), raw["test2016"]["de"], subword_model)}
     MONITOR.stop()
 
@@ -736,9 +848,11 @@ def main() -> None:
         f"{c('fp32', 'chrf', '.2f')} | {c('int8', 'chrf', '.2f')} |",
         f"| BLEU on tokenized subword output (run_onmt_bench.sh's score) | | {theirs['bleu_tok']:.2f} | "
         f"| | | {c('fp32', 'bleu_tok', '.2f')} | {c('int8', 'bleu_tok', '.2f')} |",
-        f"| other processes' CPU, cores: training intervals used / translation | {ours['foreign_used']:.2f} / "
-        f"{ours['translate_foreign']:.2f} | {theirs['foreign_used']:.2f} / {theirs['translate_foreign']:.2f} | | | | "
-        f"{c('fp32', 'foreign', '.2f')} | |",
+        f"| training: real target subwords / s in the first / second half of the used intervals | "
+        f"{ours['real_tok_s_first_half']:.0f} / {ours['real_tok_s_second_half']:.0f} | "
+        f"{theirs['real_tok_s_first_half']:.0f} / {theirs['real_tok_s_second_half']:.0f} | | | | | |",
+        f"| valid perplexity (onmt_doc's includes its <s> </s> <eos> markup) | {ours['valid_ppl']} | "
+        f"{theirs['valid_ppl']} | | | | | |",
     ]
     table = "\n".join(rows)
 
@@ -758,13 +872,17 @@ def main() -> None:
         f"`batch_tokens {batch_tokens}` to carry the same real target subwords per step "
         f"(at {args.onmt_batch_tokens} it would carry {ours_at_same:.0f} vs {onmt_sim_real:.0f}).",
         "Training rate: real target subwords (markup and </s> excluded) per second over the report intervals "
-        f"after the first (start-up excluded), using only intervals in which other processes on this shared "
-        f"machine took < {thr} CPU cores when enough of them are; the logged rates count different tokens.",
+        "after the first (start-up excluded), using only intervals in which the toolkit was never stopped and other "
+        f"processes on this shared machine took < {thr} CPU cores; the logged rates count different tokens. "
+        + ("The two trainings ran one after the other." if args.sequential else
+           f"The two trainings were time-sliced ({args.slice:.0f} s turns, the other one SIGSTOPped, never both on "
+           "the CPU) so that both see the same machine: this VM's speed drifts by 20-30% within minutes."),
         "Translation: model load excluded for both (onmt_doc `translated … in Xs`, OpenNMT-py `Total translation "
-        "time`; tokenization included; a run disturbed by other processes is repeated, the least disturbed one "
-        "is kept: onmt_doc runs (s, other cores) "
-        f"{ours['translate_runs']}, OpenNMT-py {theirs['translate_runs']}); CT2 is the median of 3 runs after "
-        "loading. Length penalty: onmt_doc GNMT α=1, OpenNMT-py `avg`, CT2 length_penalty 1.",
+        "time`; tokenization included), mean of the undisturbed runs, alternating between the toolkits: onmt_doc "
+        f"{ours['translate_runs']} s, OpenNMT-py {theirs['translate_runs']} s; CT2 is the median of 3 runs after "
+        f"loading per round ({ct2.get('fp32', {}).get('runs')} s fp32). Length penalty: onmt_doc GNMT α=1, "
+        "OpenNMT-py `avg`, CT2 length_penalty 1. Output lengths differ (different models), so sentences/s also "
+        "reflects how long the hypotheses are; onmt_doc also decodes its <s> and </s> markup (2 extra steps).",
         "Parameters: OpenNMT-py 3.5 Transformers have no biases in the attention and FFN projections by default "
         "(`add_qkvbias`/`add_ffnbias` off); onmt_doc has them.",
     ]
@@ -790,7 +908,8 @@ def main() -> None:
     results = {"date": date, "machine": machine, "args": vars(args), "batch_tokens": batch_tokens,
                "onmt_replay_real_tgt_per_batch": onmt_sim_real, "onmt_replay_sents_per_batch": onmt_sim_sents,
                "ours_real_tgt_per_batch_at_onmt_budget": ours_at_same, "onmt_doc": ours, "onmt_py": theirs,
-               "onmt_py_attempts": [strip(a) for a in attempts], "ct2": ct2, "commands": commands,
+               "onmt_py_attempts": [strip(a) for a in attempts],
+               "translate_ours": [strip(a) for a in phases["translate_ours"]], "ct2": ct2, "commands": commands,
                "ratios": {"train": r_train, "translate": r_trans, "bleu_diff": d_bleu}}
     with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1, default=float)

@@ -140,6 +140,9 @@ class TranslateConfig:
     batch_tokens: int = 4096       # padded source tokens per translation batch
     batch_sentences: int = 0       # cap on sentences (instances) per batch (0 = no cap)
     buffer_sentences: int = 2000   # sentences read ahead (sorted by length within the buffer)
+    # weights and activations while translating; bfloat16 is several times faster on CPUs with
+    # AMX/AVX512-BF16 and on GPUs, at a small cost in exactness (scores stay float32)
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
 
 @dataclass

@@ -83,7 +83,8 @@ def test_translator_keeps_lines_and_documents(trained_run, tmp_path):
     assert proc.returncode == 0, proc.stderr
     hyp = out.read_text(encoding="utf-8").split("\n")[:-1]
     assert len(hyp) == len(lines)
-    assert [h == "" for h in hyp] == [l == "" for l in lines]
+    assert all(h == "" for h, l in zip(hyp, lines) if l == "")
+    assert sum(h != "" for h in hyp) >= 0.8 * sum(l != "" for l in lines)   # real output, not blanks
 
 
 def test_translate_from_stdin_and_score(trained_run, toy_dir, tmp_path):
@@ -115,3 +116,19 @@ def test_translate_from_stdin_and_score(trained_run, toy_dir, tmp_path):
     ref_total = sum(float(v) for v in values if v)
     wrong_total = sum(float(v) for v in worse.stdout.split("\n")[:-1] if v)
     assert wrong_total < ref_total
+
+
+def test_bfloat16_translation_keeps_alignment_and_mostly_agrees(trained_run, toy_dir, tmp_path):
+    src = toy_dir / "test.src"
+    ckpt = str(trained_run / "checkpoints" / "last.pt")
+    outs = {}
+    for dtype in ("float32", "bfloat16"):
+        out = tmp_path / f"{dtype}.txt"
+        proc = run_cli(*TRANSLATE, "-model", ckpt, "-src", str(src), "-output", str(out), "-dtype", dtype)
+        assert proc.returncode == 0, proc.stderr
+        outs[dtype] = out.read_text(encoding="utf-8").split("\n")
+    lines = src.read_text(encoding="utf-8").split("\n")
+    assert len(outs["bfloat16"]) == len(lines)
+    assert all(o == "" for o, l in zip(outs["bfloat16"], lines) if l == "")   # document breaks kept
+    same = sum(a == b for a, b in zip(outs["float32"], outs["bfloat16"]) if a)
+    assert same >= 0.5 * sum(1 for l in lines if l)

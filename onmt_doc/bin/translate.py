@@ -27,6 +27,8 @@ def _parser() -> ArgumentParser:
     p.add_argument("-batch_tokens", "--batch_tokens", type=int)
     p.add_argument("-batch_size", "--batch_size", type=int, dest="batch_sentences",
                    help="cap on sentences (instances) per batch")
+    p.add_argument("-dtype", "--dtype", choices=["float32", "bfloat16", "float16"],
+                   help="compute type (default: the checkpoint's translate.dtype, float32)")
     p.add_argument("-device", "--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("-threads", "--threads", type=int, default=0, help="CPU threads (0 = all cores)")
     return p
@@ -49,12 +51,14 @@ def _main(argv: Optional[list[str]]) -> int:
     model, cfg, codec = load_model(args.model, device)
     opts = translator_options(cfg.translate, beam=args.beam, n_best=args.n_best,
                               length_penalty=args.length_penalty, max_len_ratio=args.max_len_ratio,
-                              batch_tokens=args.batch_tokens, batch_sentences=args.batch_sentences)
+                              batch_tokens=args.batch_tokens, batch_sentences=args.batch_sentences,
+                              dtype=args.dtype)
     if opts.beam < 1 or opts.n_best < 1 or opts.n_best > opts.beam:
         raise UserError(f"need -beam >= 1 and 1 <= -n_best <= -beam (got {opts.beam}, {opts.n_best})")
     for flag, value in (("-batch_tokens", opts.batch_tokens), ("-max_len_ratio", opts.max_len_ratio)):
         if value <= 0:
             raise UserError(f"{flag} must be positive (got {value})")
+    model.to(getattr(torch, opts.dtype))
     translator = Translator(model, codec, cfg, opts, device)
     start = time.time()
     try:
