@@ -141,7 +141,7 @@ class Job:
         self.lines: list[tuple[float, str]] = []
         self.stops: list[list[float]] = []        # [start, end] periods this job was SIGSTOPped
         self.yield_s = 0.0                         # seconds stopped because other processes were busy
-        self.start, self.t0 = time.time(), time.perf_counter()
+        self.start = time.time()
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO,
                                      text=True, bufsize=1, start_new_session=True)
         if stopped:
@@ -157,6 +157,8 @@ class Job:
                 self.lines.append((time.time(), line.rstrip("\n")))
                 if self.echo and re.search(self.echo, line):
                     print(f"    {line.rstrip()}", flush=True)
+        self.proc.wait()
+        self.exit_time = time.time()
 
     @property
     def paused(self) -> bool:
@@ -190,7 +192,8 @@ class Job:
     def finish(self) -> dict:
         rc = self.proc.wait()
         self.reader.join()
-        self.end, self.wall = time.time(), time.perf_counter() - self.t0
+        self.end = self.exit_time
+        self.wall = self.end - self.start
         if rc != 0:
             tail = open(self.log_path, encoding="utf-8").read().splitlines()[-25:]
             raise SystemExit(f"command failed (exit {rc}): {' '.join(self.cmd)}\n" + "\n".join(tail))

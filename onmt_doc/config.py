@@ -121,7 +121,8 @@ class TrainConfig:
     early_stopping: int = 0        # stop after this many validations without improvement (0 = off)
     early_stopping_metric: Literal["loss", "bleu"] = "loss"
     max_grad_norm: float = 1.0     # 0 = no clipping
-    amp: Literal["auto", "bf16", "fp16", "off"] = "auto"  # auto = bf16/fp16 on GPU, off on CPU
+    # mixed precision; auto = bf16 on GPUs (fp16 where bf16 is missing), fp32 on CPUs
+    amp: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
     seed: int = 1
     init_from: Optional[str] = None  # checkpoint whose matching parameters initialise the model
     init_lr_scale: float = 1.0     # lr scale of the parameters copied by init_from
