@@ -21,7 +21,7 @@ One run, one machine, never both toolkits on the CPU at the same time:
 6. Parse the logs, detokenize the OpenNMT-py/CT2 hypotheses with the same tokenizer and score them
    with sacrebleu exactly as onmt_doc does, print a markdown table and update docs/benchmarks.md.
 
-Default run (~27 min on 2 cores):
+Default run (25-35 min on 2 cores, depending on how fast the VM is at the time):
     python benchmarks/transformer_vs_onmt.py --steps 1000 --out runs/bench_transformer
 Smoke test:
     python benchmarks/transformer_vs_onmt.py --steps 60 --train-lines 3000 --slice 10 --out runs/bench_smoke --no-docs
