@@ -185,6 +185,16 @@ class Job:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def enforce(self) -> None:
+        """Re-send SIGSTOP while this job should be stopped (something outside this script may have
+        sent SIGCONT to its processes, which would make the two toolkits share the CPU unnoticed)."""
+        import signal
+        if self.paused and self.alive():
+            try:
+                os.killpg(self.proc.pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+
     def stopped_between(self, t0: float, t1: float) -> float:
         return sum(min(b if b is not None else t1, t1) - max(a, t0) for a, b in self.stops
                    if (b is None or b > t0) and a < t1)
@@ -220,6 +230,7 @@ def schedule(jobs: list[Job], opts: argparse.Namespace, slice_s: float = 0.0,
         time.sleep(0.5)
         now = time.time()
         for j in jobs:
+            j.enforce()
             if exclusive and j.name in exclusive and any(re.search(exclusive[j.name], l) for _, l in j.lines[-5:]):
                 holding.add(j.name)
         if not current.alive():
@@ -634,8 +645,9 @@ def main() -> None:
                   "schedule": {"type": "noam", "warmup": args.warmup}},
         "train": {"batch_tokens": args.batch_tokens or args.onmt_batch_tokens, "max_steps": args.steps,
                   "valid_every": args.steps, "valid_bleu": False, "save_every": args.steps, "keep_last": 1,
-                  "max_grad_norm": 0.0, "seed": OURS_SEED, "threads": args.threads},
-        "translate": {"beam": args.beam},
+                  "max_grad_norm": 0.0, "seed": OURS_SEED, "threads": args.threads,
+                  "amp": "fp32"},                    # float32 like OpenNMT-py here (bf16 is opt-in on CPUs)
+        "translate": {"beam": args.beam, "dtype": "float32"},
         "log": {"dir": run_dir, "tensorboard": False, "every": every},
     }
     config_path = os.path.join(ours_dir, "config.yaml")
