@@ -7,6 +7,8 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
+from onmt_doc.modules.dropout import Dropout
+
 from onmt_doc.data.vocab import PAD_ID
 
 
@@ -50,7 +52,7 @@ class Embeddings(nn.Module):
         with torch.no_grad():
             self.tokens.weight[PAD_ID].zero_()
         self.positions = SinusoidalPositions(d_model, max_positions) if positions else None
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.scale = math.sqrt(d_model)
 
     @property

@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from onmt_doc.modules.dropout import Dropout
+
 
 class FeedForward(nn.Module):
     """FFN(x) = W2 · dropout(relu(W1 x + b1)) + b2."""
@@ -12,7 +14,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.w1 = nn.Linear(d_model, d_ff)
         self.w2 = nn.Linear(d_ff, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(self.dropout(torch.relu(self.w1(x))))

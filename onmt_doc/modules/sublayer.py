@@ -6,6 +6,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from onmt_doc.modules.dropout import Dropout
+
 
 class Residual(nn.Module):
     """pre-norm: ``x + dropout(f(LN(x)))``; post-norm: ``LN(x + dropout(f(x)))``."""
@@ -13,7 +15,7 @@ class Residual(nn.Module):
     def __init__(self, d_model: int, dropout: float, pre_norm: bool = True):
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.pre_norm = pre_norm
 
     def forward(self, x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
