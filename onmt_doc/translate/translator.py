@@ -119,12 +119,12 @@ class Translator:
             done = []
             for i, hyps in zip(idx, self.search.search(self.model, batch)):
                 ex = examples[i]
-                best = hyps[0].tokens if hyps else []
-                for j, sent in enumerate(split_sentences(best, ex.n_sents)):
-                    line = self.codec.decode(sent)
-                    if self.opt.n_best > 1 and ex.n_sents == 1:
-                        line = "\t".join(self.codec.decode(split_sentences(h.tokens, 1)[0]) for h in hyps)
-                    outputs[ex.doc][ex.first + j] = line
+                if self.opt.n_best > 1 and ex.n_sents == 1:   # n-best of a sentence: tab-separated
+                    lines = ["\t".join(self.codec.decode(split_sentences(h.tokens, 1)[0]) for h in hyps)]
+                else:
+                    best = hyps[0].tokens if hyps else []
+                    lines = [self.codec.decode(sent) for sent in split_sentences(best, ex.n_sents)]
+                outputs[ex.doc][ex.first:ex.first + ex.n_sents] = lines
                 done.append((ex.doc, ex.n_sents))
             yield done
 
