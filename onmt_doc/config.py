@@ -90,6 +90,10 @@ class ModelConfig:
     dropout: float = 0.1
     attention_dropout: float = 0.1
     max_positions: int = 4096      # sinusoidal table size, grown on demand
+    # training only: replace source and decoder-input words (never special tokens) by
+    # word_dropout_token with this probability (G-Transformer uses 0.3 from scratch, 0.1 fine-tuned)
+    word_dropout: float = 0.0
+    word_dropout_token: Literal["unk", "mask"] = "unk"
     encoder: PartConfig = part("encoder", "transformer")
     decoder: PartConfig = part("decoder", "transformer")
 
@@ -125,7 +129,7 @@ class TrainConfig:
     amp: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
     seed: int = 1
     init_from: Optional[str] = None  # checkpoint whose matching parameters initialise the model
-    init_lr_scale: float = 1.0     # lr scale of the parameters copied by init_from
+    init_lr_scale: float = 0.2     # lr scale of the parameters copied by init_from
     resume: bool = True            # continue from <log.dir>/checkpoints/last.pt when it exists
     device: str = "auto"           # auto | cpu | cuda | cuda:N
     threads: int = 0               # CPU threads per process (0 = cores / local processes)
@@ -359,11 +363,19 @@ def _check_values(cfg: "Config", source: str) -> None:
                           f"({cfg.translate.beam})")
     if cfg.train.early_stopping_metric == "bleu" and not cfg.train.valid_bleu:
         raise ConfigError(f"{source}: train.early_stopping_metric: bleu needs train.valid_bleu: true")
+    if not 0.0 <= cfg.model.word_dropout < 1.0:
+        raise ConfigError(f"{source}: model.word_dropout: must be in [0, 1), got {cfg.model.word_dropout}")
     for which in ("encoder", "decoder"):
-        heads = getattr(getattr(cfg.model, which), "heads", None)
+        part_cfg = getattr(cfg.model, which)
+        heads = getattr(part_cfg, "heads", None)
         if heads and cfg.model.d_model % heads:
             raise ConfigError(f"{source}: model.{which}.heads: model.d_model ({cfg.model.d_model}) is not "
                               f"divisible by {heads} heads")
+        for key in ("global_layers", "global_cross_layers"):   # top layers of a stack (G-Transformer)
+            value = getattr(part_cfg, key, None)
+            if value is not None and not 0 <= value <= part_cfg.layers:
+                raise ConfigError(f"{source}: model.{which}.{key}: must be between 0 and "
+                                  f"model.{which}.layers ({part_cfg.layers}), got {value}")
 
 
 def config_from_dict(raw: dict, source: str = "config") -> Config:

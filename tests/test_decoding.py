@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from onmt_doc.data.vocab import EOS_ID, PAD_ID
+from onmt_doc.decoders.base import LengthLimit
 from onmt_doc.models.model import full_log_probs
 from onmt_doc.translate.beam_search import BeamSearch, length_penalty
 
@@ -114,7 +115,7 @@ def test_greedy_equals_argmax_of_forced_pass():
         tokens = batch.tgt_in[:, 0]
         greedy = [[] for _ in SIZES]
         done = torch.zeros(len(SIZES), dtype=torch.bool)
-        max_len = BeamSearch(max_len_ratio=1.0, max_len_add=5).max_lengths(batch)
+        max_len = model.decoder.max_output_lengths(batch, LengthLimit(1.0, 5))
         for t in range(int(max_len.max()) + 1):
             lp, state = model.step(tokens, state)
             lp[max_len <= t] = torch.where(torch.arange(lp.size(1)) == EOS_ID, 0.0, float("-inf"))

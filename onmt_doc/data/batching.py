@@ -41,9 +41,11 @@ class Batch:
         return Batch(**moved)
 
 
-def group_tags(ids: np.ndarray) -> np.ndarray:
-    """Tag k on every token of the k-th ``<s> … </s>`` sentence, 0 on <bos>/<eos>/padding."""
-    tags = np.cumsum(ids == SOS_ID, axis=1)
+def group_tags(ids):
+    """Tag k on every token of the k-th ``<s> … </s>`` sentence, 0 on <bos>/<eos>/padding.
+
+    Works on numpy arrays (collation) and torch tensors (decoders) alike."""
+    tags = (ids == SOS_ID).cumsum(1)
     tags[(ids == PAD_ID) | (ids == BOS_ID) | (ids == EOS_ID)] = 0
     return tags
 

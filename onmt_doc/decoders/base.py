@@ -4,12 +4,13 @@ every decoder)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 import torch
 from torch import nn
 
 from onmt_doc.data.batching import Batch
+from onmt_doc.data.vocab import PAD_ID
 from onmt_doc.encoders.base import EncoderOut
 from onmt_doc.modules.state import DecoderState
 
@@ -22,13 +23,30 @@ class DecoderOut:
     aux: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class LengthLimit:
+    """Output length cap ``ratio × source length + add`` (of a sentence, or of each sentence of a
+    document for document decoders)."""
+    ratio: float = 1.5
+    add: int = 10
+
+    def __call__(self, src_len: torch.Tensor) -> torch.Tensor:
+        return (src_len.float() * self.ratio).long() + self.add
+
+
 class Decoder(nn.Module):
     unit: ClassVar[str] = "sentence"
+
+    def max_output_lengths(self, batch: Batch, limit: LengthLimit) -> torch.Tensor:
+        """[B] most tokens beam search may generate per row (the final <eos> forced at the cap)."""
+        return limit(batch.src.ne(PAD_ID).sum(1))
 
     def forward(self, tgt_in: torch.Tensor, enc_out: EncoderOut, batch: Batch) -> DecoderOut:  # pragma: no cover
         raise NotImplementedError
 
-    def init_state(self, enc_out: EncoderOut, batch: Batch) -> DecoderState:  # pragma: no cover
+    def init_state(self, enc_out: EncoderOut, batch: Batch,
+                   limit: Optional[LengthLimit] = None) -> DecoderState:  # pragma: no cover
+        """The state before the first step; ``limit`` is for decoders that cap parts of the output."""
         raise NotImplementedError
 
     def step(self, tokens: torch.Tensor, state: DecoderState) -> tuple[torch.Tensor, DecoderState]:  # pragma: no cover

@@ -10,7 +10,7 @@ from torch import nn
 from onmt_doc.config import PartConfig
 from onmt_doc.data.batching import Batch
 from onmt_doc.decoders import REGISTRY
-from onmt_doc.decoders.base import Decoder, DecoderOut
+from onmt_doc.decoders.base import Decoder, DecoderOut, LengthLimit
 from onmt_doc.encoders.base import EncoderOut
 from onmt_doc.modules.attention import KV, MultiHeadAttention
 from onmt_doc.modules.feedforward import FeedForward
@@ -83,7 +83,7 @@ class TransformerDecoder(Decoder):
             x = layer(x, layer.cross_attn.memory_kv(enc_out.memory), mask)
         return DecoderOut(self.final_norm(x))
 
-    def init_state(self, enc_out: EncoderOut, batch: Batch) -> TransformerState:
+    def init_state(self, enc_out: EncoderOut, batch: Batch, limit: Optional[LengthLimit] = None) -> TransformerState:
         return TransformerState(step=0, self_kv=[None] * len(self.layers),
                                 cross_kv=[layer.cross_attn.memory_kv(enc_out.memory) for layer in self.layers],
                                 memory_mask=enc_out.attention_mask())

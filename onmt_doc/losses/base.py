@@ -12,6 +12,7 @@ import torch
 
 from onmt_doc.config import LossConfig
 from onmt_doc.data.batching import Batch
+from onmt_doc.data.instances import Example
 
 if TYPE_CHECKING:
     from onmt_doc.models.model import ModelOut
@@ -25,6 +26,11 @@ class Loss:
     def __init__(self, cfg: LossConfig, **context):
         self.cfg = cfg
         self.weight = cfg.weight
+
+    def prepare(self, examples: Sequence[Example], docs: Sequence) -> None:
+        """Attach what the loss reads from ``Batch.extra`` to the training examples (their
+        ``extra`` arrays, aligned with the target); ``docs`` are the tokenized documents they come
+        from. Called once, before training; default: nothing."""
 
     def __call__(self, out: "ModelOut", batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:  # pragma: no cover
         raise NotImplementedError

@@ -5,6 +5,7 @@ from torch import nn
 
 from onmt_doc.config import ModelConfig
 from onmt_doc.data.codec import Codec
+from onmt_doc.data.vocab import MASK_ID, UNK_ID
 from onmt_doc.errors import ConfigError
 from onmt_doc.models.model import EncoderDecoder
 from onmt_doc.modules.embeddings import Embeddings
@@ -30,4 +31,5 @@ def build_model(cfg: ModelConfig, codec: Codec) -> EncoderDecoder:
     nn.init.zeros_(generator.bias)
     if cfg.tie_output:
         generator.weight = tgt_emb.tokens.weight
-    return EncoderDecoder(encoder, decoder, generator)
+    token = MASK_ID if cfg.word_dropout_token == "mask" else UNK_ID
+    return EncoderDecoder(encoder, decoder, generator, cfg.word_dropout, token)

@@ -1,18 +1,19 @@
 """EncoderDecoder: an encoder, a decoder and the output projection (generator)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import torch
 from torch import nn
 
 from onmt_doc.data.batching import Batch
-from onmt_doc.data.vocab import PAD_ID
-from onmt_doc.decoders.base import Decoder
+from onmt_doc.data.vocab import PAD_ID, UNK_ID
+from onmt_doc.decoders.base import Decoder, LengthLimit
 from onmt_doc.encoders.base import Encoder, EncoderOut
 from onmt_doc.errors import ConfigError
 from onmt_doc.modules.state import DecoderState
+from onmt_doc.modules.word_dropout import word_dropout
 
 
 @dataclass
@@ -35,14 +36,19 @@ def resolve_unit(encoder: Encoder, decoder: Decoder) -> str:
 
 
 class EncoderDecoder(nn.Module):
-    def __init__(self, encoder: Encoder, decoder: Decoder, generator: nn.Linear):
+    def __init__(self, encoder: Encoder, decoder: Decoder, generator: nn.Linear, word_dropout: float = 0.0,
+                 word_dropout_id: int = UNK_ID):
         super().__init__()
         self.encoder, self.decoder, self.generator = encoder, decoder, generator
         self.unit = resolve_unit(encoder, decoder)
+        self.word_dropout, self.word_dropout_id = word_dropout, word_dropout_id
 
     def forward(self, batch: Batch) -> ModelOut:
         """Teacher-forced pass; logits only where the target is not padding (saves the V-sized
         projection on padding, the largest matrix product of a small model)."""
+        if self.training and self.word_dropout > 0:   # inputs only; the targets stay intact
+            p, token = self.word_dropout, self.word_dropout_id
+            batch = replace(batch, src=word_dropout(batch.src, p, token), tgt_in=word_dropout(batch.tgt_in, p, token))
         enc_out = self.encoder(batch)
         dec_out = self.decoder(batch.tgt_in, enc_out, batch)
         mask = batch.tgt_out.ne(PAD_ID)
@@ -52,8 +58,8 @@ class EncoderDecoder(nn.Module):
     def encode(self, batch: Batch) -> EncoderOut:
         return self.encoder(batch)
 
-    def init_state(self, enc_out: EncoderOut, batch: Batch) -> DecoderState:
-        return self.decoder.init_state(enc_out, batch)
+    def init_state(self, enc_out: EncoderOut, batch: Batch, limit: Optional[LengthLimit] = None) -> DecoderState:
+        return self.decoder.init_state(enc_out, batch, limit)
 
     def step(self, tokens: torch.Tensor, state: DecoderState) -> tuple[torch.Tensor, DecoderState]:
         """Log-probabilities [B, V] of the next token after ``tokens`` [B]."""

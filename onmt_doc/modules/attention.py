@@ -12,7 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from onmt_doc.modules import analysis
+
 KV = tuple[torch.Tensor, torch.Tensor]
+Probe = tuple[str, torch.Tensor]   # (statistic name, query keep-mask [B, Tq])
 
 
 class MultiHeadAttention(nn.Module):
@@ -38,18 +41,38 @@ class MultiHeadAttention(nn.Module):
         b, _, t, _ = x.shape
         return self.out(x.transpose(1, 2).reshape(b, t, self.heads * self.d_head))
 
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Self-attention queries, keys and values [B, H, T, d_head]."""
+        q, k, v = self._split(self.qkv(x), 3)
+        return q, k, v
+
+    def project_q(self, x: torch.Tensor) -> torch.Tensor:
+        """Cross-attention queries [B, H, T, d_head]."""
+        return self._split(self.q(x), 1)[0]
+
+    def merge(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, H, T, d_head] head outputs -> projected [B, T, D]."""
+        return self._merge(x)
+
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               mask: Optional[torch.Tensor] = None, is_causal: bool = False) -> torch.Tensor:
-        """softmax(q kᵀ / sqrt(d_head)) v over heads, merged and projected."""
+               mask: Optional[torch.Tensor] = None, is_causal: bool = False,
+               probe: Optional[Probe] = None) -> torch.Tensor:
+        """softmax(q kᵀ / sqrt(d_head)) v over heads, merged and projected. With a ``probe``
+        (name, query keep-mask [B, Tq]) and analysis active, the probabilities are materialised
+        once to record their entropy."""
+        if probe is not None and analysis.active():
+            probs = attention_probs(q, k, mask, is_causal)
+            analysis.record_entropy(probe[0], probs, probe[1])
+            return self._merge(probs.to(v.dtype) @ v)
         p = self.dropout if self.training else 0.0
         return self._merge(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
                                                           is_causal=is_causal))
 
     # --- self-attention
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None,
-                is_causal: bool = False) -> torch.Tensor:
+                is_causal: bool = False, probe: Optional[Probe] = None) -> torch.Tensor:
         q, k, v = self._split(self.qkv(x), 3)
-        return self.attend(q, k, v, mask, is_causal)
+        return self.attend(q, k, v, mask, is_causal, probe)
 
     def step(self, x: torch.Tensor, cache: Optional[KV],
              mask: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, KV]:
@@ -64,23 +87,20 @@ class MultiHeadAttention(nn.Module):
         k, v = self._split(self.kv(memory), 2)
         return k, v
 
-    def cross(self, x: torch.Tensor, kv: KV, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def cross(self, x: torch.Tensor, kv: KV, mask: Optional[torch.Tensor] = None,
+              probe: Optional[Probe] = None) -> torch.Tensor:
         (q,) = self._split(self.q(x), 1)
-        return self.attend(q, kv[0], kv[1], mask)
+        return self.attend(q, kv[0], kv[1], mask, probe=probe)
 
-    # --- analysis
-    def probs(self, q_in: torch.Tensor, k_in: torch.Tensor, mask: Optional[torch.Tensor] = None,
-              is_causal: bool = False) -> torch.Tensor:
-        """Attention probabilities [B, H, Tq, Tk] (for analysis; training uses the fused kernel)."""
-        if self.self_attention:
-            q, k, _ = self._split(self.qkv(q_in), 3) if q_in is k_in else (
-                self._split(self.qkv(q_in), 3)[0], *self._split(self.qkv(k_in), 3)[1:])
-        else:
-            (q,), (k, _) = self._split(self.q(q_in), 1), self._split(self.kv(k_in), 2)
-        scores = q @ k.transpose(-1, -2) / self.d_head ** 0.5
-        if is_causal:
-            t, s = scores.shape[-2:]
-            scores = scores.masked_fill(~torch.ones(t, s, dtype=torch.bool, device=q.device).tril(), float("-inf"))
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        return scores.softmax(-1)
+
+def attention_probs(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor] = None,
+                    is_causal: bool = False) -> torch.Tensor:
+    """Explicit attention probabilities [..., Tq, Tk] (analysis and test references); rows without
+    any allowed key are all zeros."""
+    scores = (q @ k.transpose(-1, -2)).float() / q.size(-1) ** 0.5
+    if is_causal:
+        t, s = scores.shape[-2:]
+        scores = scores.masked_fill(~torch.ones(t, s, dtype=torch.bool, device=q.device).tril(), float("-inf"))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(-1).nan_to_num(0.0)

@@ -1,7 +1,8 @@
 """Console progress lines and TensorBoard scalars (rank 0 only).
 
 TensorBoard tags: train/{loss,ppl,acc,lr,tok_per_s,grad_norm}, valid/{loss,ppl,acc,bleu}, plus
-whatever a loss or model adds under its own prefix. A resumed run purges events after the
+whatever a loss or model adds under its own prefix (valid/entropy/*, valid/gate/* from
+:mod:`onmt_doc.modules.analysis`). A resumed run purges events after the
 checkpoint's step, so the curves continue as one run.
 """
 from __future__ import annotations
@@ -12,6 +13,8 @@ import os
 import sys
 import time
 from typing import Optional
+
+from onmt_doc.modules.analysis import COUNT_SUFFIX
 
 log = logging.getLogger("onmt_doc")
 
@@ -40,8 +43,9 @@ def summarize(stats: dict) -> dict:
     if "correct" in stats:
         out["acc"] = 100.0 * stats["correct"] / tokens
     for key, value in stats.items():
-        if "/" in key:  # namespaced statistics of extra losses, e.g. "gate/hinge"
-            out[key] = value / tokens
+        # namespaced statistics (e.g. "gate/hinge"): per target token, or per their own count
+        if "/" in key and not key.endswith(COUNT_SUFFIX):
+            out[key] = value / max(stats.get(key + COUNT_SUFFIX, tokens), 1e-9)
     return out
 
 

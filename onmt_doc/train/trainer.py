@@ -33,6 +33,7 @@ from onmt_doc.losses import Loss, build_losses
 from onmt_doc.models.builder import build_model
 from onmt_doc.models.checkpoint import load_checkpoint, save_checkpoint
 from onmt_doc.models.model import EncoderDecoder
+from onmt_doc.modules import analysis
 from onmt_doc.optim.optimizers import build_optimizer, param_groups
 from onmt_doc.optim.schedules import build_schedule
 from onmt_doc.train import distributed
@@ -185,9 +186,11 @@ class Trainer:
     def _load_data(self) -> tuple[list[Example], list[Example], list]:
         src, tgt = require_train_paths(self.cfg)
         unit = self.model.unit
-        train, _ = load_examples(self.cfg, self.codec, src, tgt, unit, self.run_dir)
+        train, train_docs = load_examples(self.cfg, self.codec, src, tgt, unit, self.run_dir)
         if not train:
             raise UserError(f"{src}: no training examples (all filtered by data.max_len?)")
+        for loss in self.losses:   # per-token data a loss reads from Batch.extra (e.g. z*)
+            loss.prepare(train, train_docs)
         valid, valid_docs = [], []
         v = self.cfg.data.valid
         if v.src and v.tgt:
@@ -384,11 +387,13 @@ class Trainer:
         if self.ctx.main:
             self.model.eval()
             stats = StepStats()
-            for idx in ordered_batches(self.valid_examples, self.cfg.train.batch_tokens):
-                batch = collate([self.valid_examples[i] for i in idx], idx).to(self.ctx.device)
-                with self._autocast():
-                    _, s = self._losses(batch, training=False)
-                stats.add(s)
+            with analysis.collecting() as analysis_stats:   # attention entropy, gate means …
+                for idx in ordered_batches(self.valid_examples, self.cfg.train.batch_tokens):
+                    batch = collate([self.valid_examples[i] for i in idx], idx).to(self.ctx.device)
+                    with self._autocast():
+                        _, s = self._losses(batch, training=False)
+                    stats.add(s)
+            stats.add(analysis_stats)
             metrics = summarize(stats.values)
             if self.cfg.train.valid_bleu and self.valid_docs:
                 metrics["bleu"] = self.valid_bleu()

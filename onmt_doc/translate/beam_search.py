@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from onmt_doc.data.batching import Batch
-from onmt_doc.data.vocab import BOS_ID, EOS_ID, PAD_ID
+from onmt_doc.data.vocab import BOS_ID, EOS_ID
+from onmt_doc.decoders.base import LengthLimit
 from onmt_doc.models.model import EncoderDecoder
 
 
@@ -36,9 +37,6 @@ class BeamSearch:
         self.beam, self.n_best, self.alpha = beam, n_best, alpha
         self.max_len_ratio, self.max_len_add = max_len_ratio, max_len_add
 
-    def max_lengths(self, batch: Batch) -> torch.Tensor:
-        src_len = batch.src.ne(PAD_ID).sum(1)
-        return (src_len.float() * self.max_len_ratio).long() + self.max_len_add
 
     @torch.no_grad()
     def search(self, model: EncoderDecoder, batch: Batch) -> list[list[Hypothesis]]:
@@ -46,8 +44,9 @@ class BeamSearch:
         k, device = self.beam, batch.src.device
         n = batch.size
         enc_out = model.encode(batch)
-        state = model.init_state(enc_out, batch).reorder(torch.arange(n, device=device).repeat_interleave(k))
-        max_len = self.max_lengths(batch).to(device)
+        limit = LengthLimit(self.max_len_ratio, self.max_len_add)
+        state = model.init_state(enc_out, batch, limit).reorder(torch.arange(n, device=device).repeat_interleave(k))
+        max_len = model.decoder.max_output_lengths(batch, limit).to(device)
         alive = torch.arange(n, device=device)                       # original row of each alive sentence
         scores = torch.full((n, k), float("-inf"), device=device)
         scores[:, 0] = 0.0

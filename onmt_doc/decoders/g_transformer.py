@@ -1,0 +1,246 @@
+"""G-Transformer decoder (Bao et al., 2021, sec. 4): group self-attention (tags y/y, causal) and
+group cross-attention (queries y, keys x) on every layer; combined group + global attention on the
+top ``global_layers`` (self) and ``global_cross_layers`` (cross) layers.
+
+Decoding covers a whole document instance in one beam search (sec. 4.3): the target tag of each
+token follows the generated ``<s>``/``</s>``, and :meth:`GTransformerDecoder.constrain` keeps the
+output's structure: ``<s>`` first and after every ``</s>`` while the source has more sentences,
+then ``<eos>``; no ``</s>`` before a sentence has a word; ``</s>`` forced at the sentence's length
+cap. The output therefore always has exactly the source's number of sentences.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from onmt_doc.data.batching import Batch, group_tags
+from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, MASK_ID, PAD_ID, SOS_ID, SPECIALS, UNK_ID
+from onmt_doc.decoders import REGISTRY
+from onmt_doc.decoders.base import Decoder, DecoderOut, LengthLimit
+from onmt_doc.decoders.transformer import TransformerDecoderConfig, TransformerDecoderLayer
+from onmt_doc.encoders.base import EncoderOut
+from onmt_doc.modules.attention import KV, MultiHeadAttention
+from onmt_doc.modules.gate_sum import GateSum
+from onmt_doc.modules.group_attention import BlockPlan, group_attend, plan_cross, plan_self
+from onmt_doc.modules.state import DecoderState
+from onmt_doc.parts import PartContext
+
+# tokens that may not appear inside a sentence (</s> is handled separately, <unk> is a word)
+_NOT_WORDS = [PAD_ID, SOS_ID, BOS_ID, EOS_ID, MASK_ID]
+
+
+@dataclass
+class GTransformerDecoderConfig(TransformerDecoderConfig):
+    group_attention: bool = True   # false: the document-Transformer baseline (every layer global)
+    global_layers: int = 2         # top layers with combined self-attention
+    global_cross_layers: int = 2   # top layers with combined cross-attention
+
+
+@dataclass
+class GTransformerState(DecoderState):
+    source_fields: ClassVar[tuple[str, ...]] = ("cross_kv", "global_cross_kv", "memory_mask", "src_tags",
+                                                "n_src", "caps")
+    step: int
+    tags: torch.Tensor               # [B, t] group tags of the tokens fed so far
+    n_sents: torch.Tensor            # [B] sentences started (<s> fed)
+    words: torch.Tensor              # [B] words fed since the last <s>
+    last: torch.Tensor               # [B] the last token fed
+    self_kv: list[Optional[KV]]
+    global_self_kv: list[Optional[KV]]
+    cross_kv: list[KV]
+    global_cross_kv: list[Optional[KV]]
+    memory_mask: torch.Tensor        # [B, 1, 1, S]
+    src_tags: torch.Tensor           # [B, S]
+    n_src: torch.Tensor              # [B] source sentences
+    caps: torch.Tensor               # [B, K] word cap of each target sentence
+
+
+@dataclass
+class _Forced:
+    """What every layer needs in the teacher-forced pass (built once per batch)."""
+    keep: torch.Tensor               # [B, T] non-padding targets
+    memory: torch.Tensor
+    memory_mask: torch.Tensor        # [B, 1, 1, S]
+    self_plan: Optional[BlockPlan]
+    cross_plan: Optional[BlockPlan]
+
+
+@dataclass
+class _StepMasks:
+    keep: torch.Tensor               # [B, 1] (all True: one real query per row)
+    self_mask: torch.Tensor          # [B, 1, 1, t] keys of the query's sentence
+    cross_mask: torch.Tensor         # [B, 1, 1, S] source tokens of the aligned sentence
+    cross_has: torch.Tensor          # [B, 1, 1, 1] the aligned source sentence exists
+
+
+class GTransformerDecoderLayer(TransformerDecoderLayer):
+    def __init__(self, d_model: int, heads: int, ff: int, dropout: float, attention_dropout: float,
+                 pre_norm: bool, group: bool, combined_self: bool, combined_cross: bool):
+        super().__init__(d_model, heads, ff, dropout, attention_dropout, pre_norm)
+        self.group = group
+        self.global_self_attn = MultiHeadAttention(d_model, heads, attention_dropout) if combined_self else None
+        self.self_gate = GateSum(d_model, "dec_self") if combined_self else None
+        self.global_cross_attn = (MultiHeadAttention(d_model, heads, attention_dropout, self_attention=False)
+                                  if combined_cross else None)
+        self.cross_gate = GateSum(d_model, "dec_cross") if combined_cross else None
+
+    def _drop(self) -> float:
+        return self.self_attn.dropout if self.training else 0.0
+
+    # ------------------------------------------------------------------ teacher forcing
+    def forward(self, x: torch.Tensor, ctx: _Forced) -> torch.Tensor:
+        x = self.self_res(x, lambda h: self._self_forced(h, ctx))
+        x = self.cross_res(x, lambda h: self._cross_forced(h, ctx))
+        return self.ff_res(x, self.ff)
+
+    def _self_forced(self, h: torch.Tensor, ctx: _Forced) -> torch.Tensor:
+        if not self.group:
+            return self.self_attn(h, is_causal=True, probe=("dec_self_global", ctx.keep))
+        attn = self.self_attn
+        local = attn.merge(group_attend(ctx.self_plan, *attn.project_qkv(h), self._drop(), "dec_self_group"))
+        if self.global_self_attn is None:
+            return local
+        glob = self.global_self_attn(h, is_causal=True, probe=("dec_self_global", ctx.keep))
+        return self.self_gate(local, glob, ctx.keep)
+
+    def _cross_forced(self, h: torch.Tensor, ctx: _Forced) -> torch.Tensor:
+        attn = self.cross_attn
+        kv = attn.memory_kv(ctx.memory)
+        if not self.group:
+            return attn.cross(h, kv, ctx.memory_mask, probe=("dec_cross_global", ctx.keep))
+        local = attn.merge(group_attend(ctx.cross_plan, attn.project_q(h), *kv, self._drop(), "dec_cross_group"))
+        if self.global_cross_attn is None:
+            return local
+        g_attn = self.global_cross_attn
+        glob = g_attn.cross(h, g_attn.memory_kv(ctx.memory), ctx.memory_mask, probe=("dec_cross_global", ctx.keep))
+        return self.cross_gate(local, glob, ctx.keep)
+
+    # ------------------------------------------------------------------ incremental decoding
+    def step(self, x: torch.Tensor, state: GTransformerState, i: int, masks: _StepMasks) -> torch.Tensor:
+        x = self.self_res(x, lambda h: self._self_step(h, state, i, masks))
+        x = self.cross_res(x, lambda h: self._cross_step(h, state, i, masks))
+        return self.ff_res(x, self.ff)
+
+    def _self_step(self, h: torch.Tensor, state: GTransformerState, i: int, masks: _StepMasks) -> torch.Tensor:
+        local, state.self_kv[i] = self.self_attn.step(h, state.self_kv[i], masks.self_mask if self.group else None)
+        if self.global_self_attn is None:
+            return local
+        glob, state.global_self_kv[i] = self.global_self_attn.step(h, state.global_self_kv[i])
+        return self.self_gate(local, glob, masks.keep)
+
+    def _cross_step(self, h: torch.Tensor, state: GTransformerState, i: int, masks: _StepMasks) -> torch.Tensor:
+        attn, (k, v) = self.cross_attn, state.cross_kv[i]
+        if not self.group:
+            return attn.cross(h, (k, v), state.memory_mask)
+        local = F.scaled_dot_product_attention(attn.project_q(h), k, v, attn_mask=masks.cross_mask)
+        local = attn.merge(local * masks.cross_has)
+        if self.global_cross_attn is None:
+            return local
+        glob = self.global_cross_attn.cross(h, state.global_cross_kv[i], state.memory_mask)
+        return self.cross_gate(local, glob, masks.keep)
+
+
+@REGISTRY.register("g_transformer", GTransformerDecoderConfig)
+class GTransformerDecoder(Decoder):
+    unit = "document"
+
+    def __init__(self, cfg: GTransformerDecoderConfig, ctx: PartContext):
+        super().__init__()
+        self.group = cfg.group_attention
+        self.embeddings = ctx.tgt_embeddings
+        n = cfg.layers
+        self.layers = nn.ModuleList(
+            GTransformerDecoderLayer(ctx.d_model, cfg.heads, cfg.ff, ctx.dropout, ctx.attention_dropout,
+                                     cfg.pre_norm, self.group, self.group and i >= n - cfg.global_layers,
+                                     self.group and i >= n - cfg.global_cross_layers)
+            for i in range(n))
+        self.final_norm = nn.LayerNorm(ctx.d_model) if cfg.pre_norm else nn.Identity()
+
+    def forward(self, tgt_in: torch.Tensor, enc_out: EncoderOut, batch: Batch) -> DecoderOut:
+        keep, src_keep = tgt_in.ne(PAD_ID), ~enc_out.pad_mask
+        tags = group_tags(tgt_in)
+        self_plan = cross_plan = None
+        if self.group:
+            self_plan = plan_self(tags, keep, causal=True)
+            cross_plan = plan_cross(tags, keep, enc_out.groups, src_keep)
+        ctx = _Forced(keep, enc_out.memory, enc_out.attention_mask(), self_plan, cross_plan)
+        x = self.embeddings(tgt_in)
+        for layer in self.layers:
+            x = layer(x, ctx)
+        return DecoderOut(self.final_norm(x))
+
+    # ------------------------------------------------------------------ incremental decoding
+    def max_output_lengths(self, batch: Batch, limit: LengthLimit) -> torch.Tensor:
+        """Every sentence at its cap plus its markup, and the final <eos>: never reached before the
+        structure is complete, so the cap cannot cut a document short."""
+        caps = self._sentence_caps(batch.src_groups, batch.src.ne(PAD_ID), limit)
+        return (caps + 2).masked_fill(caps.lt(0), 0).sum(1) + 1
+
+    @staticmethod
+    def _sentence_caps(src_tags: torch.Tensor, keep: torch.Tensor, limit: LengthLimit) -> torch.Tensor:
+        """[B, K] word cap per source sentence (-1 where the row has fewer sentences)."""
+        n_groups = max(int(src_tags.max()), 1)
+        counts = torch.zeros(src_tags.size(0), n_groups + 1, dtype=torch.long, device=src_tags.device)
+        counts.scatter_add_(1, src_tags * keep, keep.long())
+        words = counts[:, 1:] - 2                                   # minus <s> and </s>
+        return torch.where(words.ge(0), limit(words.clamp(min=0)), torch.full_like(words, -1))
+
+    def init_state(self, enc_out: EncoderOut, batch: Batch, limit: Optional[LengthLimit] = None) -> GTransformerState:
+        b, device = enc_out.memory.size(0), enc_out.memory.device
+        src_keep = ~enc_out.pad_mask
+        layers = self.layers
+        zeros = torch.zeros(b, dtype=torch.long, device=device)
+        return GTransformerState(
+            step=0, tags=torch.zeros(b, 0, dtype=torch.long, device=device), n_sents=zeros, words=zeros,
+            last=torch.full_like(zeros, BOS_ID),
+            self_kv=[None] * len(layers), global_self_kv=[None] * len(layers),
+            cross_kv=[layer.cross_attn.memory_kv(enc_out.memory) for layer in layers],
+            global_cross_kv=[layer.global_cross_attn.memory_kv(enc_out.memory) if layer.global_cross_attn else None
+                             for layer in layers],
+            memory_mask=enc_out.attention_mask(), src_tags=enc_out.groups,
+            n_src=enc_out.groups.max(1).values,
+            caps=self._sentence_caps(enc_out.groups, src_keep, limit or LengthLimit()))
+
+    def step(self, tokens: torch.Tensor, state: GTransformerState) -> tuple[torch.Tensor, GTransformerState]:
+        is_sos = tokens.eq(SOS_ID)
+        state.n_sents = state.n_sents + is_sos.long()
+        is_word = tokens.ge(len(SPECIALS)) | tokens.eq(UNK_ID)
+        state.words = torch.where(is_sos, 0, state.words + is_word.long())
+        state.last = tokens
+        unrestricted = tokens.eq(BOS_ID) | tokens.eq(EOS_ID) | tokens.eq(PAD_ID)
+        tag = torch.where(unrestricted, 0, state.n_sents)
+        state.tags = torch.cat([state.tags, tag[:, None]], 1)
+        masks = self._step_masks(tag, state)
+        x = self.embeddings(tokens[:, None], offset=state.step)
+        for i, layer in enumerate(self.layers):
+            x = layer.step(x, state, i, masks)
+        state.step += 1
+        return self.final_norm(x)[:, 0], state
+
+    @staticmethod
+    def _step_masks(tag: torch.Tensor, state: GTransformerState) -> _StepMasks:
+        free = tag.eq(0)[:, None]
+        self_mask = (state.tags.eq(tag[:, None]) | free)[:, None, None, :]
+        cross = (state.src_tags.eq(tag[:, None]) | free)[:, None, None, :] & state.memory_mask
+        has = cross.any(-1, keepdim=True)
+        return _StepMasks(torch.ones_like(free), self_mask, cross | ~has, has.to(state.cross_kv[0][0].dtype))
+
+    def constrain(self, log_probs: torch.Tensor, state: GTransformerState) -> torch.Tensor:
+        """Document structure (see the module docstring); forced tokens keep their model score."""
+        last, n, words = state.last, state.n_sents, state.words
+        closed = last.eq(EOS_SENT_ID)
+        in_sentence = ~(closed | last.eq(BOS_ID))
+        cap = state.caps.gather(1, (n - 1).clamp(0, state.caps.size(1) - 1)[:, None]).squeeze(1)
+        force = torch.full_like(last, -1)
+        force = torch.where(last.eq(BOS_ID) | (closed & n.lt(state.n_src)), SOS_ID, force)
+        force = torch.where(closed & n.ge(state.n_src), EOS_ID, force)
+        force = torch.where(in_sentence & words.ge(cap), EOS_SENT_ID, force)
+        index = force.clamp(min=0)[:, None]
+        only = torch.full_like(log_probs, float("-inf")).scatter_(1, index, log_probs.gather(1, index))
+        lp = log_probs.index_fill(1, torch.tensor(_NOT_WORDS, device=log_probs.device), float("-inf"))
+        lp[:, EOS_SENT_ID] = lp[:, EOS_SENT_ID].masked_fill(words.eq(0), float("-inf"))
+        return torch.where(force.ge(0)[:, None], only, lp)

@@ -1,0 +1,89 @@
+"""Context-gated Transformer decoder (Li et al., 2020, "Regularized Context Gates on Transformer").
+
+Every layer is the Transformer decoder layer with its cross-attention residual sum replaced by a
+context gate: the target context t (after self-attention) and the source context s
+(cross-attention over the encoder output) are mixed as ``(1 − z) ⊗ t + z ⊗ s`` before the
+feed-forward sublayer (eqs. 2–4). Decoding state, caches and ``step`` are the Transformer's; the
+teacher-forced pass also returns every layer's gates in ``aux["gates"]`` ([L, B, T, D]).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from onmt_doc.config import PartConfig
+from onmt_doc.data.batching import Batch
+from onmt_doc.data.vocab import PAD_ID
+from onmt_doc.decoders import REGISTRY
+from onmt_doc.decoders.base import Decoder, DecoderOut
+from onmt_doc.decoders.transformer import TransformerDecoder, TransformerDecoderLayer
+from onmt_doc.encoders.base import EncoderOut
+from onmt_doc.modules.attention import KV
+from onmt_doc.modules.gates import GatedResidual, Placement, residual_block
+from onmt_doc.parts import PartContext
+
+
+@dataclass
+class GatedTransformerDecoderConfig(PartConfig):
+    layers: int = 6
+    heads: int = 8
+    ff: int = 2048
+    # layer norm placement: paper = x + LN(f(x)) in every block (eqs. 2-3); pre / post = the
+    # Transformer's pre-norm / post-norm blocks with the same gate
+    norm: Placement = "paper"
+
+
+class GatedDecoderLayer(TransformerDecoderLayer):
+    """``step`` is inherited (the gated block is a drop-in residual); ``forward`` also returns z."""
+
+    def __init__(self, d_model: int, heads: int, ff: int, dropout: float, attention_dropout: float,
+                 norm: Placement):
+        super().__init__(d_model, heads, ff, dropout, attention_dropout, pre_norm=norm == "pre")
+        self.self_res = residual_block(d_model, dropout, norm)     # eq. 2: t = rn∘ln∘att(c, c<i)
+        self.cross_res = GatedResidual(d_model, dropout, norm)     # eqs. 2, 4: s, z
+        self.ff_res = residual_block(d_model, dropout, norm)       # eq. 3: c = rn∘ln∘ff(...)
+
+    def forward(self, x: torch.Tensor, memory_kv: KV, memory_mask: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        t = self.self_res(x, lambda h: self.self_attn(h, is_causal=True))
+        mixed, z = self.cross_res.gated(t, lambda h: self.cross_attn.cross(h, memory_kv, memory_mask))
+        return self.ff_res(mixed, self.ff), z
+
+
+def gate_stats(gates: torch.Tensor, keep: torch.Tensor) -> dict[str, float]:
+    """Validation sums for TensorBoard (valid/gate/mean, valid/gate/var after division by the
+    target tokens): per token the mean gate over layers and dimensions, and the batch's gate
+    variance weighted by its tokens (the exact variance over a set: tools/gate_analysis.py)."""
+    z = gates.float()[:, keep]                                         # [L, N, D]
+    n = z.size(1)
+    if n == 0:
+        return {"gate/mean": 0.0, "gate/var": 0.0}
+    return {"gate/mean": z.mean((0, 2)).sum().item(), "gate/var": z.var(unbiased=False).item() * n}
+
+
+@REGISTRY.register("gated_transformer", GatedTransformerDecoderConfig)
+class GatedTransformerDecoder(TransformerDecoder):
+    """``init_state`` and ``step`` are the Transformer decoder's."""
+
+    def __init__(self, cfg: GatedTransformerDecoderConfig, ctx: PartContext):
+        Decoder.__init__(self)
+        self.embeddings = ctx.tgt_embeddings
+        self.layers = nn.ModuleList(
+            GatedDecoderLayer(ctx.d_model, cfg.heads, cfg.ff, ctx.dropout, ctx.attention_dropout, cfg.norm)
+            for _ in range(cfg.layers))
+        # the paper's blocks never normalise the residual stream itself: normalise it once on top
+        self.final_norm = nn.Identity() if cfg.norm == "post" else nn.LayerNorm(ctx.d_model)
+
+    def forward(self, tgt_in: torch.Tensor, enc_out: EncoderOut, batch: Batch) -> DecoderOut:
+        x = self.embeddings(tgt_in)
+        mask = enc_out.attention_mask()
+        gates = []
+        for layer in self.layers:
+            x, z = layer(x, layer.cross_attn.memory_kv(enc_out.memory), mask)
+            gates.append(z)
+        aux = {"gates": torch.stack(gates)}                               # [L, B, T, D]
+        if not self.training:
+            aux["stats"] = gate_stats(aux["gates"], tgt_in.ne(PAD_ID))
+        return DecoderOut(self.final_norm(x), aux)

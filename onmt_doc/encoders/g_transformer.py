@@ -1,0 +1,82 @@
+"""G-Transformer encoder (Bao et al., 2021, sec. 4): group self-attention (tags x/x) on every layer,
+combined group + global attention on the top ``global_layers`` layers.
+
+Parameter names follow the Transformer encoder (``layers.N.self_attn`` is the group attention), so a
+sentence-level Transformer checkpoint initialises it through ``train.init_from``; the global
+attention and the gates are new.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+from onmt_doc.data.batching import Batch
+from onmt_doc.data.vocab import PAD_ID
+from onmt_doc.encoders import REGISTRY
+from onmt_doc.encoders.base import Encoder, EncoderOut
+from onmt_doc.encoders.transformer import TransformerEncoderConfig, TransformerEncoderLayer
+from onmt_doc.modules.attention import MultiHeadAttention
+from onmt_doc.modules.gate_sum import GateSum
+from onmt_doc.modules.group_attention import BlockPlan, group_attend, plan_self
+from onmt_doc.parts import PartContext
+
+
+@dataclass
+class GTransformerEncoderConfig(TransformerEncoderConfig):
+    group_attention: bool = True   # false: the document-Transformer baseline (every layer global)
+    global_layers: int = 2         # top layers with combined attention (group + global, gate-summed);
+                                   # checked against layers in config._check_values
+
+
+class GTransformerEncoderLayer(TransformerEncoderLayer):
+    def __init__(self, d_model: int, heads: int, ff: int, dropout: float, attention_dropout: float,
+                 pre_norm: bool, group: bool, combined: bool):
+        super().__init__(d_model, heads, ff, dropout, attention_dropout, pre_norm)
+        self.group = group
+        self.global_attn = MultiHeadAttention(d_model, heads, attention_dropout) if combined else None
+        self.gate = GateSum(d_model, "enc_self") if combined else None
+
+    def forward(self, x: torch.Tensor, plan: Optional[BlockPlan], keep: torch.Tensor,
+                mask: torch.Tensor) -> torch.Tensor:
+        x = self.attn_res(x, lambda h: self.attention(h, plan, keep, mask))
+        return self.ff_res(x, self.ff)
+
+    def attention(self, h: torch.Tensor, plan: Optional[BlockPlan], keep: torch.Tensor,
+                  mask: torch.Tensor) -> torch.Tensor:
+        if not self.group:
+            return self.self_attn(h, mask, probe=("enc_self_global", keep))
+        attn = self.self_attn
+        local = attn.merge(group_attend(plan, *attn.project_qkv(h), attn.dropout if self.training else 0.0,
+                                        probe="enc_self_group"))
+        if self.global_attn is None:
+            return local
+        return self.gate(local, self.global_attn(h, mask, probe=("enc_self_global", keep)), keep)
+
+
+@REGISTRY.register("g_transformer", GTransformerEncoderConfig)
+class GTransformerEncoder(Encoder):
+    unit = "document"
+
+    def __init__(self, cfg: GTransformerEncoderConfig, ctx: PartContext):
+        super().__init__()
+        self.group = cfg.group_attention
+        self.embeddings = ctx.src_embeddings
+        first_combined = cfg.layers - cfg.global_layers
+        self.layers = nn.ModuleList(
+            GTransformerEncoderLayer(ctx.d_model, cfg.heads, cfg.ff, ctx.dropout, ctx.attention_dropout,
+                                     cfg.pre_norm, self.group, self.group and i >= first_combined)
+            for i in range(cfg.layers))
+        self.final_norm = nn.LayerNorm(ctx.d_model) if cfg.pre_norm else nn.Identity()
+
+    def forward(self, batch: Batch) -> EncoderOut:
+        pad = batch.src.eq(PAD_ID)
+        keep = ~pad
+        plan = plan_self(batch.src_groups, keep, causal=False) if self.group else None
+        mask = keep[:, None, None, :]
+        x = self.embeddings(batch.src)
+        for layer in self.layers:
+            x = layer(x, plan, keep, mask)
+        return EncoderOut(self.final_norm(x), pad, batch.src_groups)

@@ -1,0 +1,129 @@
+"""Group attention (G-Transformer, Bao et al. 2021, sec. 4.1, eq. 8) in packed blocks.
+
+A query with group tag k attends only to keys with tag k (its own sentence in self-attention, the
+aligned source sentence in cross-attention); a query with tag 0 (``<bos>``) is not restricted.
+Masking an N×N score matrix would cost O(N²) for an N-token instance. Instead the tokens of each
+sentence are gathered into a block of their own, attention runs over a [G, L, L] batch of blocks
+(L = longest sentence), and the outputs are scattered back: O(N·L) time and memory.
+
+A :class:`BlockPlan` holds the gather/scatter indices of one batch; it is built once per forward
+pass and shared by every layer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from onmt_doc.modules import analysis
+from onmt_doc.modules.attention import attention_probs
+
+
+@dataclass
+class BlockPlan:
+    q_index: torch.Tensor    # [G, Lq] flat query positions (row * Nq + i) of each block
+    k_index: torch.Tensor    # [G, Lk] flat key positions of the same sentence
+    q_valid: torch.Tensor    # [G, Lq] slot holds a real query
+    mask: torch.Tensor       # [G, 1, Lq, Lk] True where a query may attend
+    has_keys: Optional[torch.Tensor]  # [G, 1, 1, 1] (cross-attention) the sentence has source keys
+    free_pos: torch.Tensor   # [M] flat positions of tag-0 queries, which see their whole row
+    free_row: torch.Tensor   # [M] batch row of each
+    free_mask: torch.Tensor  # [M, 1, 1, Nk]
+    inverse: torch.Tensor    # [B * Nq] row of [block slots; free queries; zero] holding each output
+
+
+def _blocks(tags: torch.Tensor, keep: torch.Tensor, n_groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block table [B*K, L] of flat positions for group ids row * K + tag - 1, and its validity."""
+    b, n = tags.shape
+    pos = (keep & tags.gt(0)).reshape(-1).nonzero().squeeze(1)
+    gid = (pos // n) * n_groups + tags.reshape(-1)[pos] - 1
+    gid, order = torch.sort(gid, stable=True)
+    pos = pos[order]
+    counts = torch.bincount(gid, minlength=b * n_groups)
+    length = max(int(counts.max()), 1) if counts.numel() else 1
+    slot = torch.arange(pos.numel(), device=tags.device) - (counts.cumsum(0) - counts)[gid]
+    index = torch.zeros(b * n_groups, length, dtype=torch.long, device=tags.device)
+    valid = torch.zeros(b * n_groups, length, dtype=torch.bool, device=tags.device)
+    index[gid, slot] = pos
+    valid[gid, slot] = True
+    return index, valid
+
+
+def _free_queries(tags: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    pos = (keep & tags.eq(0)).reshape(-1).nonzero().squeeze(1)
+    return pos, pos // tags.size(1)
+
+
+def _finish(q_tags, q_index, k_index, q_valid, mask, has_keys, free_pos, free_row, free_mask) -> BlockPlan:
+    """Complete a plan with the inverse map that scatters outputs back by one gather."""
+    n_slots = q_index.numel()
+    inverse = torch.full((q_tags.numel(),), n_slots + free_pos.numel(), dtype=torch.long, device=q_tags.device)
+    slots = q_valid.reshape(-1).nonzero().squeeze(1)
+    inverse[q_index.reshape(-1)[slots]] = slots
+    inverse[free_pos] = n_slots + torch.arange(free_pos.numel(), device=q_tags.device)
+    return BlockPlan(q_index, k_index, q_valid, mask, has_keys, free_pos, free_row, free_mask, inverse)
+
+
+def plan_self(tags: torch.Tensor, keep: torch.Tensor, causal: bool) -> BlockPlan:
+    """Self-attention blocks (tags x/x in the encoder, y/y plus causal in the decoder)."""
+    n_groups = max(int(tags.max()), 1)
+    index, valid = _blocks(tags, keep, n_groups)
+    used = valid[:, 0]
+    index, valid = index[used], valid[used]
+    mask = valid[:, None, None, :]
+    if causal:  # slots hold a sentence's tokens in order, so causality is the block's lower triangle
+        length = valid.size(1)
+        mask = mask & torch.ones(length, length, dtype=torch.bool, device=tags.device).tril()
+    free_pos, free_row = _free_queries(tags, keep)
+    free_mask = keep[free_row]
+    if causal:
+        n = tags.size(1)
+        free_mask = free_mask & (torch.arange(n, device=tags.device) <= (free_pos % n)[:, None])
+    return _finish(tags, index, index, valid, mask, None, free_pos, free_row, free_mask[:, None, None, :])
+
+
+def plan_cross(q_tags: torch.Tensor, q_keep: torch.Tensor, k_tags: torch.Tensor, k_keep: torch.Tensor) -> BlockPlan:
+    """Cross-attention blocks: target sentence k attends to source sentence k (tags y/x)."""
+    n_groups = max(int(q_tags.max()), int(k_tags.max()), 1)
+    q_index, q_valid = _blocks(q_tags, q_keep, n_groups)
+    k_index, k_valid = _blocks(k_tags, k_keep, n_groups)
+    used = q_valid[:, 0]
+    q_index, q_valid, k_index, k_valid = q_index[used], q_valid[used], k_index[used], k_valid[used]
+    has_keys = k_valid.any(1)[:, None, None, None]
+    # a target sentence without a source sentence (malformed input) gets a zero output, not NaN
+    mask = (k_valid[:, None, None, :] | ~has_keys).expand(-1, 1, q_valid.size(1), -1)
+    free_pos, free_row = _free_queries(q_tags, q_keep)
+    return _finish(q_tags, q_index, k_index, q_valid, mask, has_keys, free_pos, free_row,
+                   k_keep[free_row][:, None, None, :])
+
+
+def group_attend(plan: BlockPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float = 0.0,
+                 probe: Optional[str] = None) -> torch.Tensor:
+    """Attention of q [B, H, Nq, d] over k, v [B, H, Nk, d] within blocks; returns [B, H, Nq, d]
+    (zeros at padding queries). ``probe`` names the entropy statistic recorded during analysis."""
+    b, h, nq, d = q.shape
+    flat = [x.transpose(1, 2).reshape(-1, h, d) for x in (q, k, v)]
+    outputs = []
+    if plan.q_index.numel():
+        qb, kb, vb = (x[i].transpose(1, 2) for x, i in zip(flat, (plan.q_index, plan.k_index, plan.k_index)))
+        ob = _attend(qb, kb, vb, plan.mask, dropout, probe, plan.q_valid)
+        if plan.has_keys is not None:
+            ob = ob * plan.has_keys
+        outputs.append(ob.transpose(1, 2).reshape(-1, h, d))
+    if plan.free_pos.numel():
+        qf = flat[0][plan.free_pos][:, :, None]                              # [M, H, 1, d]
+        of = _attend(qf, k[plan.free_row], v[plan.free_row], plan.free_mask, dropout, probe,
+                     torch.ones(qf.size(0), 1, dtype=torch.bool, device=q.device))
+        outputs.append(of[:, :, 0])
+    outputs.append(q.new_zeros(1, h, d))                                     # padding queries
+    return torch.cat(outputs)[plan.inverse].view(b, nq, h, d).transpose(1, 2)
+
+
+def _attend(q, k, v, mask, dropout: float, probe: Optional[str], queries: torch.Tensor) -> torch.Tensor:
+    if probe is not None and analysis.active():
+        probs = attention_probs(q, k, mask)
+        analysis.record_entropy(probe, probs, queries)
+        return probs.to(v.dtype) @ v
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)

@@ -1,0 +1,371 @@
+"""PMI tables and the context-gate supervision z* (Li et al., 2020, sec. 2.3, eqs. 6–7).
+
+Counts over a tokenized parallel corpus (the run's subword ids, without markup):
+
+- bilingual ``C(y, x)``: +1 for each sentence pair in which target type y and source type x both
+  occur (once per pair, however often they occur);
+- monolingual ``C(y_i, y_k)``: +1 for each target sentence in which type y_k occurs before an
+  occurrence of type y_i (k < i; once per sentence);
+- unigram ``C(w)``: token counts of each side.
+
+``pmi(μ, ν) = log Z + log C(μ, ν) − log C(μ) − log C(ν)`` (eq. 6), where Z is the number of pairs
+counted in the scenario (the sum of its pair counts). An unseen pair has pmi −inf.
+
+``z*_i = 1[max_j pmi(y_i, x_j) > max_{k<i} pmi(y_i, y_k)]`` (eq. 7). A max over nothing is −inf:
+the first target token gets 1 when it was seen with any source token, a token seen with nothing
+gets 0 (the target side).
+
+Pairs are int64 ids (``y·V + x``) generated with numpy for a chunk of sentences at a time and
+merged into sorted (key, count) arrays; the table file holds those arrays (``.npz``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from itertools import islice
+from typing import Iterable, Iterator, Optional, Sequence
+
+import numpy as np
+
+from onmt_doc.data.codec import Codec
+from onmt_doc.data.corpus import iter_parallel
+from onmt_doc.errors import UserError
+
+TABLE_FORMAT = 1
+_ARRAYS = ("src_counts", "tgt_counts", "bi_keys", "bi_counts", "mono_keys", "mono_counts")
+Pair = tuple[np.ndarray, np.ndarray]
+
+
+# ----------------------------------------------------------------------------- ragged helpers
+
+def ragged_arange(lengths: np.ndarray) -> np.ndarray:
+    """``0..l0-1, 0..l1-1, …`` for ``lengths`` [l0, l1, …]."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    starts = np.cumsum(lengths) - lengths
+    return np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(starts, lengths)
+
+
+def _flatten(seqs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Concatenated ids, lengths and start offsets of ``seqs``."""
+    lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
+    flat = np.concatenate(seqs).astype(np.int64) if len(seqs) else np.zeros(0, np.int64)
+    return flat, lengths, np.cumsum(lengths) - lengths
+
+
+def _sorted_unique(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct keys (sorted) and their counts; a sort is faster here than np.unique's hashing."""
+    keys = np.sort(keys)
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if len(keys) else np.zeros(0, np.int64)
+    return keys[starts], np.diff(np.r_[starts, len(keys)])
+
+
+def _group_max(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Maximum of each consecutive group of ``values``; −inf for empty groups."""
+    out = np.full(len(lengths), -np.inf)
+    nonempty = lengths > 0
+    if values.size:
+        out[nonempty] = np.maximum.reduceat(values, (np.cumsum(lengths) - lengths)[nonempty])
+    return out
+
+
+# ----------------------------------------------------------------------------- counting
+
+def _types(seqs: Sequence[np.ndarray], size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(sentence, type) of the distinct types of each sentence, sorted by sentence."""
+    flat, lengths, _ = _flatten(seqs)
+    keys = _sorted_unique(np.repeat(np.arange(len(seqs), dtype=np.int64), lengths) * size + flat)[0]
+    return keys // size, keys % size
+
+
+def bilingual_pairs(src: Sequence[np.ndarray], tgt: Sequence[np.ndarray], src_size: int,
+                    tgt_size: int) -> np.ndarray:
+    """Keys ``y·src_size + x`` of the distinct (target, source) type pairs of every sentence pair."""
+    t_sent, t_type = _types(tgt, tgt_size)
+    s_sent, s_type = _types(src, src_size)
+    s_count = np.bincount(s_sent, minlength=len(src))
+    reps = s_count[t_sent]
+    x = s_type[np.repeat((np.cumsum(s_count) - s_count)[t_sent], reps) + ragged_arange(reps)]
+    return np.repeat(t_type, reps) * src_size + x
+
+
+def monolingual_pairs(tgt: Sequence[np.ndarray], tgt_size: int) -> np.ndarray:
+    """Keys ``y_i·tgt_size + y_k`` of the distinct ordered type pairs (k < i) of every sentence."""
+    flat, lengths, starts = _flatten(tgt)
+    sent = np.repeat(np.arange(len(tgt), dtype=np.int64), lengths)
+    before = ragged_arange(lengths)                          # i: how many tokens precede position p
+    later = np.repeat(np.arange(len(flat)), before)
+    earlier = np.repeat(starts[sent], before) + ragged_arange(before)
+    pairs = flat[later] * tgt_size + flat[earlier]
+    per_sentence = _sorted_unique(sent[later] * tgt_size ** 2 + pairs)[0]   # once per sentence
+    return per_sentence % tgt_size ** 2
+
+
+class PairCounts:
+    """Counts of int64 keys kept as one sorted (keys, counts) table; new keys wait in small sorted
+    runs and are merged in by binary search and insertion. Memory follows the number of distinct
+    keys (12 bytes each, plus one copy while merging), not the number of occurrences."""
+
+    def __init__(self, merge_at: int = 1 << 21):
+        self.keys = np.zeros(0, np.int64)
+        self.counts = np.zeros(0, np.int32)
+        self.pending: list[tuple[np.ndarray, np.ndarray]] = []
+        self.n_pending, self.merge_at = 0, merge_at
+
+    def add(self, keys: np.ndarray) -> None:
+        self.pending.append(_sorted_unique(keys))
+        self.n_pending += len(self.pending[-1][0])
+        if self.n_pending > self.merge_at:
+            self._merge()
+
+    def _merge(self) -> None:
+        if not self.pending:
+            return
+        keys = np.concatenate([k for k, _ in self.pending])
+        counts = np.concatenate([c for _, c in self.pending])
+        order = np.argsort(keys, kind="stable")
+        keys, counts = keys[order], counts[order]
+        starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+        keys, counts = keys[starts], np.add.reduceat(counts, starts)
+        pos = np.searchsorted(self.keys, keys)
+        old = pos < len(self.keys)
+        old[old] = self.keys[pos[old]] == keys[old]
+        self.counts[pos[old]] += counts[old].astype(np.int32)
+        self.keys = np.insert(self.keys, pos[~old], keys[~old])
+        self.counts = np.insert(self.counts, pos[~old], counts[~old].astype(np.int32))
+        self.pending, self.n_pending = [], 0
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        self._merge()
+        return self.keys, self.counts
+
+
+def _chunks(items: Iterable, size: int) -> Iterator[list]:
+    it = iter(items)
+    while chunk := list(islice(it, size)):
+        yield chunk
+
+
+def vocab_digest(codec: Codec) -> str:
+    h = hashlib.sha256("\n".join(codec.src_vocab.itos).encode())
+    h.update(b"\0" + "\n".join(codec.tgt_vocab.itos).encode())
+    return h.hexdigest()[:24]
+
+
+# ----------------------------------------------------------------------------- the table
+
+@dataclass
+class PMITable:
+    src_counts: np.ndarray      # [V_src] unigram token counts
+    tgt_counts: np.ndarray      # [V_tgt]
+    bi_keys: np.ndarray         # sorted y·V_src + x
+    bi_counts: np.ndarray
+    mono_keys: np.ndarray       # sorted y_i·V_tgt + y_k
+    mono_counts: np.ndarray
+    n_pairs: int = 0            # sentence pairs counted
+    vocab: str = ""             # vocab_digest of the codec it was built with
+
+    def __post_init__(self) -> None:
+        self.log_z_bi = float(np.log(max(int(self.bi_counts.sum()), 1)))      # eq. 6: Z
+        self.log_z_mono = float(np.log(max(int(self.mono_counts.sum()), 1)))
+
+    @property
+    def src_size(self) -> int:
+        return len(self.src_counts)
+
+    @property
+    def tgt_size(self) -> int:
+        return len(self.tgt_counts)
+
+    @staticmethod
+    def _count(keys: np.ndarray, counts: np.ndarray, query: np.ndarray) -> np.ndarray:
+        idx = np.minimum(np.searchsorted(keys, query), max(len(keys) - 1, 0))
+        if not len(keys):
+            return np.zeros(len(query), np.int64)
+        return np.where(keys[idx] == query, counts[idx], 0)
+
+    @staticmethod
+    def _pmi(count: np.ndarray, log_z: float, c_u: np.ndarray, c_v: np.ndarray) -> np.ndarray:
+        out = np.full(len(count), -np.inf)
+        seen = count > 0
+        out[seen] = log_z + np.log(count[seen]) - np.log(c_u[seen]) - np.log(c_v[seen])   # eq. 6
+        return out
+
+    def bilingual(self, y: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """pmi(y, x) of target ids ``y`` and source ids ``x`` (same shape)."""
+        y, x = np.asarray(y, np.int64), np.asarray(x, np.int64)
+        count = self._count(self.bi_keys, self.bi_counts, y * self.src_size + x)
+        return self._pmi(count, self.log_z_bi, self.tgt_counts[y], self.src_counts[x])
+
+    def monolingual(self, y: np.ndarray, prev: np.ndarray) -> np.ndarray:
+        """pmi(y_i, y_k) of target ids ``y`` and earlier target ids ``prev``."""
+        y, prev = np.asarray(y, np.int64), np.asarray(prev, np.int64)
+        count = self._count(self.mono_keys, self.mono_counts, y * self.tgt_size + prev)
+        return self._pmi(count, self.log_z_mono, self.tgt_counts[y], self.tgt_counts[prev])
+
+    def digest(self) -> str:
+        """Content hash (z* caches are keyed by it)."""
+        h = hashlib.sha256(self.vocab.encode())
+        for name in _ARRAYS:
+            h.update(np.ascontiguousarray(getattr(self, name)).tobytes())
+        return h.hexdigest()[:24]
+
+    def check_vocab(self, codec: Codec, path: str) -> None:
+        if (self.src_size, self.tgt_size) != (len(codec.src_vocab), len(codec.tgt_vocab)) \
+                or self.vocab != vocab_digest(codec):
+            raise UserError(f"{path}: PMI table built with other vocabularies than this run's "
+                            f"({self.src_size}/{self.tgt_size} entries, this run {len(codec.src_vocab)}/"
+                            f"{len(codec.tgt_vocab)}); rebuild it with tools/build_pmi_table.py -config <this config>")
+
+    def save(self, path: str) -> None:
+        """One uncompressed ``.npz`` at exactly ``path``, written atomically."""
+        meta = json.dumps({"format": TABLE_FORMAT, "n_pairs": self.n_pairs, "vocab": self.vocab})
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "wb") as f:
+            np.savez(f, meta=np.array(meta), **{name: getattr(self, name) for name in _ARRAYS})
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str, codec: Optional[Codec] = None) -> "PMITable":
+        """The table at ``path``; with ``codec``, refused unless built with its vocabularies."""
+        if not os.path.isfile(path):
+            raise UserError(f"{path}: PMI table not found (build it with tools/build_pmi_table.py)")
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                meta = json.loads(str(z["meta"]))
+                arrays = {name: z[name] for name in _ARRAYS}
+        except (OSError, ValueError, KeyError) as e:
+            raise UserError(f"{path}: not a PMI table of tools/build_pmi_table.py ({str(e)[:120]})") from None
+        if meta.get("format", 0) > TABLE_FORMAT:
+            raise UserError(f"{path}: PMI table format {meta['format']} is newer than this onmt_doc reads")
+        table = cls(**arrays, n_pairs=int(meta.get("n_pairs", 0)), vocab=str(meta.get("vocab", "")))
+        if codec is not None:
+            table.check_vocab(codec, path)
+        return table
+
+
+def count_table(pairs: Iterable[Pair], src_size: int, tgt_size: int, vocab: str = "",
+                chunk: int = 512) -> PMITable:
+    """Count a stream of (source ids, target ids) sentence pairs into a table."""
+    if chunk * tgt_size ** 2 >= 2 ** 62:
+        chunk = max(1, (2 ** 62 - 1) // tgt_size ** 2)
+    src_counts = np.zeros(src_size, np.int64)
+    tgt_counts = np.zeros(tgt_size, np.int64)
+    bi, mono, n = PairCounts(), PairCounts(), 0
+    for part in _chunks(pairs, chunk):
+        src, tgt = [p[0] for p in part], [p[1] for p in part]
+        src_counts += np.bincount(_flatten(src)[0], minlength=src_size)
+        tgt_counts += np.bincount(_flatten(tgt)[0], minlength=tgt_size)
+        bi.add(bilingual_pairs(src, tgt, src_size, tgt_size))
+        mono.add(monolingual_pairs(tgt, tgt_size))
+        n += len(part)
+    bi_keys, bi_counts = bi.result()
+    mono_keys, mono_counts = mono.result()
+    return PMITable(src_counts, tgt_counts, bi_keys, bi_counts, mono_keys, mono_counts, n, vocab)
+
+
+def tokenized_pairs(src: str, tgt: str, codec: Codec, documents: bool, max_chars: int,
+                    chunk: int = 8192) -> Iterator[Pair]:
+    """Stream the sentence pairs of a parallel corpus as subword ids (document breaks dropped)."""
+    lines = (p for doc in iter_parallel(src, tgt, documents, max_chars) if doc for p in doc)
+    for part in _chunks(lines, chunk):
+        yield from zip(codec.encode([s for s, _ in part], "src"), codec.encode([t for _, t in part], "tgt"))
+
+
+def build_table(src: str, tgt: str, codec: Codec, documents: bool = True, max_chars: int = 0) -> PMITable:
+    """The PMI table of a parallel corpus, tokenized with ``codec`` (streamed)."""
+    return count_table(tokenized_pairs(src, tgt, codec, documents, max_chars),
+                       len(codec.src_vocab), len(codec.tgt_vocab), vocab_digest(codec))
+
+
+# ----------------------------------------------------------------------------- z*
+
+def z_star(table: PMITable, src: Sequence[np.ndarray], tgt: Sequence[np.ndarray],
+           queries: Optional[Sequence[np.ndarray]] = None, chunk: int = 2048) -> list[np.ndarray]:
+    """eq. 7 at every target position of each sentence pair (int8 arrays shaped like ``tgt``).
+
+    ``queries`` puts another token at position i while keeping x and the prefix y_<i: the
+    context-selection error (sec. 3.3) compares z*(y_i) with z*(ŷ_i).
+    """
+    out: list[np.ndarray] = []
+    for a in range(0, len(tgt), chunk):
+        b = a + chunk
+        out += _z_star_chunk(table, src[a:b], tgt[a:b], None if queries is None else queries[a:b])
+    return out
+
+
+def _z_star_chunk(table: PMITable, src: Sequence[np.ndarray], tgt: Sequence[np.ndarray],
+                  queries: Optional[Sequence[np.ndarray]]) -> list[np.ndarray]:
+    t_flat, t_len, t_start = _flatten(tgt)
+    q_flat = t_flat if queries is None else _flatten(queries)[0]
+    if len(q_flat) != len(t_flat):
+        raise ValueError("queries must have one token per target position")
+    s_flat, s_len, s_start = _flatten(src)
+    sent = np.repeat(np.arange(len(tgt), dtype=np.int64), t_len)
+    # max_j pmi(y_i, x_j): every position with every source token of its sentence
+    n_src = s_len[sent]
+    x = s_flat[np.repeat(s_start[sent], n_src) + ragged_arange(n_src)]
+    source = _group_max(table.bilingual(np.repeat(q_flat, n_src), x), n_src)
+    # max_{k<i} pmi(y_i, y_k): every position with the target tokens before it
+    n_prev = ragged_arange(t_len)
+    prev = t_flat[np.repeat(t_start[sent], n_prev) + ragged_arange(n_prev)]
+    target = _group_max(table.monolingual(np.repeat(q_flat, n_prev), prev), n_prev)
+    z = (source > target).astype(np.int8)                                        # eq. 7
+    return np.split(z, np.cumsum(t_len)[:-1]) if len(tgt) else []
+
+
+# ----------------------------------------------------------------------------- training data
+
+def _ids_digest(h: "hashlib._Hash", seqs: Sequence[np.ndarray]) -> None:
+    flat, lengths, _ = _flatten(seqs)
+    h.update(lengths.tobytes())
+    h.update(flat.tobytes())
+
+
+def sentence_z_star(table: PMITable, docs: Sequence[Sequence[Pair]],
+                    cache_dir: Optional[str] = None) -> list[list[np.ndarray]]:
+    """z* of every sentence of tokenized documents, read from or written to ``cache_dir``."""
+    src = [s for d in docs for s, _ in d]
+    tgt = [t for d in docs for _, t in d]
+    path = None
+    if cache_dir:
+        h = hashlib.sha256(table.digest().encode())
+        _ids_digest(h, src)
+        _ids_digest(h, tgt)
+        path = os.path.join(cache_dir, f"zstar-{h.hexdigest()[:24]}.npz")
+    if path and os.path.exists(path):
+        with np.load(path) as f:
+            flat, lengths = f["z"], f["lengths"]
+        zs = np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
+    else:
+        zs = z_star(table, src, tgt)
+        if path:
+            os.makedirs(cache_dir, exist_ok=True)
+            tmp = f"{path}.tmp{os.getpid()}.npz"
+            np.savez(tmp, z=np.concatenate(zs) if zs else np.zeros(0, np.int8),
+                     lengths=np.array([len(t) for t in tgt], dtype=np.int64))
+            os.replace(tmp, path)
+    out, i = [], 0
+    for d in docs:
+        out.append(zs[i:i + len(d)])
+        i += len(d)
+    return out
+
+
+def attach_z_star(examples: Sequence, docs: Sequence[Sequence[Pair]], table: PMITable,
+                  cache_dir: Optional[str] = None) -> None:
+    """Set ``extra["z_star"]`` and ``extra["z_star_mask"]`` of every example, aligned with its
+    target ``<s> y_1 … y_n </s> …``: markup gets no supervision (mask 0), and collation adds a 0
+    for ``<eos>`` and padding. Each sentence is its own pair (x, y_<i) even inside a document."""
+    per_sentence = sentence_z_star(table, docs, cache_dir)
+    for ex in examples:
+        z_parts, m_parts = [], []
+        for z in per_sentence[ex.doc][ex.first:ex.first + ex.n_sents]:
+            z_parts += [[0], z, [0]]
+            m_parts += [[0], np.ones(len(z), np.int8), [0]]
+        ex.extra["z_star"] = np.concatenate(z_parts).astype(np.int8)
+        ex.extra["z_star_mask"] = np.concatenate(m_parts).astype(np.int8)
+        if len(ex.extra["z_star"]) != len(ex.tgt):
+            raise ValueError(f"z* of document {ex.doc} does not match its target length")
