@@ -3,7 +3,7 @@
 training time of sentence- and document-level systems trained with the same recipe.
 
   python benchmarks/doc_level.py [--out runs/bench_doc] [--systems sent doc_transformer g_scratch
-                                  sent_pretrained g_finetuned] [--steps 800] [--pretrain-steps 1200]
+                                  sent_pretrained g_finetuned hm_scratch hm_finetuned] [--steps 800] [--pretrain-steps 1200]
                                   [--finetune-steps 400] [--d-model 256] [--layers 3] [--threads 2]
 
 Data (../shared/data, see its README):
@@ -22,7 +22,12 @@ data) serves every system, so `train.init_from` can copy parameters. Systems:
 - `g_scratch`: G-Transformer from random initialisation (word dropout 0.3);
 - `sent_pretrained`: sentence Transformer on the pre-training data;
 - `g_finetuned`: G-Transformer initialised from `sent_pretrained`, copied parameters at
-  lr × 0.2, new ones at lr (word dropout 0.1).
+  lr × 0.2, new ones at lr (word dropout 0.1);
+- `hm_scratch`: HM-GDC (hierarchical encoder + doc_context decoder, context in encoder and
+  decoder) trained in one step on document windows of `--hm-window` sentences (about the
+  G-Transformer's 512-token instances);
+- `hm_finetuned`: HM-GDC two-step training: initialised from `sent_pretrained` (sentence-level
+  parameters at lr × 0.2), document-level parameters new.
 Results: `OUT/results.json` and a Markdown table on stdout. Later document-level models add an
 entry to SYSTEMS.
 """
@@ -115,16 +120,31 @@ def systems(args, data: str, out: str) -> dict:
         "doc_transformer": doc_data + steps + model_section(args, "g_transformer", "g_transformer", **g_parts(args, False)),
         "g_scratch": doc_data + steps + model_section(args, "g_transformer", "g_transformer", **g_parts(args, True),
                                                       **{"model.word_dropout": 0.3}),
+        # data.documents stays true: the pre-training file (no blank lines) is one stream of
+        # sentences either way, and the checkpoint must read the test files as documents (d-BLEU)
         "sent_pretrained": [f"data.train.src={data}/pretrain.en", f"data.train.tgt={data}/pretrain.de",
                             f"data.valid.src={data}/valid.en", f"data.valid.tgt={data}/valid.de",
-                            "data.documents=false", f"train.max_steps={args.pretrain_steps}"]
+                            f"train.max_steps={args.pretrain_steps}"]
                            + model_section(args, "transformer", "transformer"),
         "g_finetuned": doc_data + [f"train.max_steps={args.finetune_steps}",
                                    f"train.init_from={out}/sent_pretrained/checkpoints/last.pt",
                                    "train.init_lr_scale=0.2"]
                        + model_section(args, "g_transformer", "g_transformer", **g_parts(args, True),
                                        **{"model.word_dropout": 0.1}),
+        "hm_scratch": doc_data + steps + model_section(args, "hierarchical", "doc_context", **hm_parts(args)),
+        "hm_finetuned": doc_data + [f"train.max_steps={args.finetune_steps}",
+                                    f"train.init_from={out}/sent_pretrained/checkpoints/last.pt",
+                                    "train.init_lr_scale=0.2"]
+                        + model_section(args, "hierarchical", "doc_context", **hm_parts(args)),
     }
+
+
+def hm_parts(args) -> dict:
+    """HM-GDC document encoder layers (sharing the sentence layers' self-attention, as the paper)
+    and document windows: a whole TED talk (~100 sentences) makes every sentence's DocEnc-Decoder
+    attention cover ~3000 words, 10-20x the cost of a sentence step on a CPU."""
+    return {"model.encoder.doc_layers": min(args.global_layers, args.layers),
+            "data.max_sentences": args.hm_window}
 
 
 BASE = {
@@ -153,7 +173,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/bench_doc")
     p.add_argument("--systems", nargs="+", default=["sent", "doc_transformer", "g_scratch", "sent_pretrained",
-                                                    "g_finetuned"])
+                                                    "g_finetuned", "hm_scratch", "hm_finetuned"])
     p.add_argument("--steps", type=int, default=800)
     p.add_argument("--pretrain-steps", type=int, default=1200)
     p.add_argument("--finetune-steps", type=int, default=400)
@@ -162,6 +182,8 @@ def main() -> int:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--ff", type=int, default=1024)
     p.add_argument("--global-layers", type=int, default=2)
+    p.add_argument("--hm-window", type=int, default=20,
+                   help="HM-GDC document windows (data.max_sentences; 0 = whole documents)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--test-docs", type=int, default=0, help="first N documents of each test set (0 = all; smoke tests)")
     args = p.parse_args()

@@ -29,6 +29,8 @@ SYSTEMS = {
     "g_transformer": [f"model.encoder={G_PART}",
                       "model.decoder={type: g_transformer, layers: 2, heads: 4, ff: 256, global_layers: 1, "
                       "global_cross_layers: 1}", "data.max_tokens=128"],
+    "hm_gdc": ["model.encoder={type: hierarchical, layers: 2, heads: 4, ff: 256, doc_layers: 1}",
+               "model.decoder={type: doc_context, layers: 2, heads: 4, ff: 256}"],
 }
 
 

@@ -66,6 +66,7 @@ class DataConfig:
     # skipped in training and kept in translation output)
     documents: bool = True
     max_tokens: int = 512          # document instance budget (subword tokens with markup)
+    max_sentences: int = 0         # context unit (HM-GDC): document window size (0 = whole documents)
     max_len: int = 0               # drop training pairs with a side longer than this (0 = keep all)
     max_line_chars: int = 20000    # a longer line is an error (a sign of a broken file)
     cache_dir: Optional[str] = None  # binarized data cache; default: <log.dir>/cache
@@ -132,7 +133,7 @@ class TrainConfig:
     init_lr_scale: float = 0.2     # lr scale of the parameters copied by init_from
     resume: bool = True            # continue from <log.dir>/checkpoints/last.pt when it exists
     device: str = "auto"           # auto | cpu | cuda | cuda:N
-    threads: int = 0               # CPU threads per process (0 = cores / local processes)
+    threads: int = 0               # CPU threads per process (0 = OMP_NUM_THREADS alone, else cores / local processes)
 
 
 @dataclass
@@ -143,7 +144,7 @@ class TranslateConfig:
     max_len_ratio: float = 1.5     # output length cap = ratio * source length + max_len_add
     max_len_add: int = 10
     batch_tokens: int = 4096       # padded source tokens per translation batch
-    batch_sentences: int = 0       # cap on sentences (instances) per batch (0 = no cap)
+    batch_sentences: int = 0       # cap on batch rows: sentences (document unit: instances); 0 = no cap
     buffer_sentences: int = 2000   # sentences read ahead (sorted by length within the buffer)
     # weights and activations while translating; bfloat16 is several times faster on CPUs with
     # AMX/AVX512-BF16 and on GPUs, at a small cost in exactness (scores stay float32)
@@ -346,7 +347,7 @@ def _default_at(raw: dict, parts: list[str], source: str) -> Any:
 
 
 # keys whose value must be at least this (a zero would divide by zero or silently do nothing)
-_MINIMUM = {"data.max_tokens": 1, "vocab.size": 1, "model.d_model": 1, "train.batch_tokens": 1,
+_MINIMUM = {"data.max_tokens": 1, "data.max_sentences": 0, "vocab.size": 1, "model.d_model": 1, "train.batch_tokens": 1,
             "train.accum": 1, "train.max_steps": 0, "train.valid_every": 1, "train.save_every": 1,
             "train.keep_last": 1, "train.valid_beam": 1, "translate.beam": 1, "translate.n_best": 1,
             "translate.batch_tokens": 1, "translate.buffer_sentences": 1, "log.every": 1}
@@ -376,6 +377,10 @@ def _check_values(cfg: "Config", source: str) -> None:
             if value is not None and not 0 <= value <= part_cfg.layers:
                 raise ConfigError(f"{source}: model.{which}.{key}: must be between 0 and "
                                   f"model.{which}.layers ({part_cfg.layers}), got {value}")
+        if getattr(part_cfg, "share_attention", False) and part_cfg.doc_layers > part_cfg.layers:
+            raise ConfigError(f"{source}: model.{which}.doc_layers ({part_cfg.doc_layers}): with share_attention "
+                              f"each document layer reuses a sentence layer's self-attention, so at most "
+                              f"model.{which}.layers ({part_cfg.layers}); or set share_attention: false")
 
 
 def config_from_dict(raw: dict, source: str = "config") -> Config:

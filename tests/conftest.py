@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,8 @@ import yaml
 
 from onmt_doc.toy_corpus import write_corpus
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# OMP_NUM_THREADS, when set, wins (several test runs sharing the cores); else at most 2 threads
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or min(2, os.cpu_count() or 1))
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -70,3 +72,25 @@ def trained_run(toy_dir, tmp_path_factory) -> Path:
     cfg = tiny_config(toy_dir, run, train={"max_steps": 60, "save_every": 60, "valid_every": 60})
     train(config_from_dict(cfg))
     return run
+
+
+def make_trainer(cfg: dict):
+    """A single-process CPU Trainer for ``cfg`` (a dict as tiny_config gives)."""
+    from onmt_doc.config import config_from_dict
+    from onmt_doc.train import distributed
+    from onmt_doc.train.trainer import Trainer
+
+    ctx = distributed.init_distributed("cpu")
+    try:
+        return Trainer(config_from_dict(cfg), ctx)
+    finally:
+        distributed.shutdown(ctx)
+
+
+def init_from_run(source: Path, run: Path) -> Path:
+    """Prepare ``run`` to start from ``source``'s last checkpoint: copy its subword model and
+    vocabulary (init_from needs the same ones); return the checkpoint path."""
+    run.mkdir(parents=True, exist_ok=True)
+    for name in ("subword.model", "vocab.txt"):
+        shutil.copy(source / name, run / name)
+    return source / "checkpoints" / "last.pt"

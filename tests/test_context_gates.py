@@ -28,7 +28,7 @@ from onmt_doc.train.trainer import Trainer, train
 from conftest import REPO, module_cmd, run_cli, tiny_config, write_config
 from model_helpers import random_batch, random_model, toy_codec
 from test_cli import assert_one_line_error
-from test_decoding import SIZES, stepwise_log_probs
+from test_decoding import SIZES, assert_stepwise_matches
 
 ENCODER = {"type": "transformer", "layers": 1, "heads": 4, "ff": 64}
 
@@ -126,15 +126,7 @@ def test_table_round_trip_and_vocabulary_check(toy_dir, tmp_path):
 @pytest.mark.parametrize("norm", ["paper", "pre", "post"])
 def test_gated_stepwise_equals_teacher_forced(norm):
     model, _ = random_model(gated(norm))
-    batch = random_batch(SIZES)
-    perm = torch.tensor([2, 0, 3, 1])
-    with torch.no_grad():
-        forced = full_log_probs(model, batch)
-        stepped = stepwise_log_probs(model, batch, batch.tgt_in)
-        reordered = stepwise_log_probs(model, batch, batch.tgt_in, reorder_at=3, perm=perm)
-    mask = batch.tgt_out.ne(PAD_ID)
-    assert torch.allclose(forced[mask], stepped[mask], atol=1e-5), (forced - stepped)[mask].abs().max()
-    assert torch.allclose(forced[perm][mask[perm]], reordered[mask[perm]], atol=1e-5)
+    assert_stepwise_matches(model, random_batch(SIZES), torch.tensor([2, 0, 3, 1]), reorder_at=3)
 
 
 def test_gated_beam_internal_reorder_keeps_source_fields():

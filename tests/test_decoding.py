@@ -32,6 +32,18 @@ def stepwise_log_probs(model, batch, tgt_in, reorder_at=None, perm=None):
     return torch.stack(out, 1)
 
 
+def assert_stepwise_matches(model, batch, perm: torch.Tensor, reorder_at: int = 2) -> None:
+    """Stepwise decoding gives the teacher-forced log-probabilities (1e-5), also when the rows are
+    permuted by ``perm`` before step ``reorder_at`` (as beam search reorders its state)."""
+    with torch.no_grad():
+        forced = full_log_probs(model, batch)
+        stepped = stepwise_log_probs(model, batch, batch.tgt_in)
+        reordered = stepwise_log_probs(model, batch, batch.tgt_in, reorder_at=reorder_at, perm=perm)
+    mask = batch.tgt_out.ne(PAD_ID)
+    assert torch.allclose(forced[mask], stepped[mask], atol=1e-5), (forced - stepped)[mask].abs().max()
+    assert torch.allclose(forced[perm][mask[perm]], reordered[mask[perm]], atol=1e-5)
+
+
 @pytest.mark.parametrize("section", [TRANSFORMER, POST_NORM], ids=["pre_norm", "post_norm"])
 def test_stepwise_equals_teacher_forced(section):
     model, _ = random_model(section)

@@ -2,7 +2,6 @@
 document beam search structure, word dropout, fine-tuning from a sentence model, learning."""
 from __future__ import annotations
 
-import shutil
 
 import numpy as np
 import pytest
@@ -18,12 +17,11 @@ from onmt_doc.models.model import full_log_probs
 from onmt_doc.modules import analysis
 from onmt_doc.modules.group_attention import group_attend, plan_cross, plan_self
 from onmt_doc.modules.word_dropout import word_dropout
-from onmt_doc.train import distributed
-from onmt_doc.train.trainer import Trainer, train
+from onmt_doc.train.trainer import train
 from onmt_doc.translate.beam_search import BeamSearch
 from onmt_doc.translate.translator import Translator
 
-from conftest import tiny_config
+from conftest import init_from_run, make_trainer, tiny_config
 from model_helpers import N_WORDS, random_model
 from test_decoding import stepwise_log_probs
 
@@ -247,18 +245,10 @@ G_TINY = {"encoder": {"type": "g_transformer", "layers": 2, "heads": 4, "ff": 12
 
 def test_finetuning_copies_shared_parameters_and_builds_two_lr_groups(trained_run, toy_dir, tmp_path):
     run = tmp_path / "ft"
-    run.mkdir()
-    for name in ("subword.model", "vocab.txt"):
-        shutil.copy(trained_run / name, run / name)
-    ckpt = trained_run / "checkpoints" / "last.pt"
-    cfg = config_from_dict(tiny_config(toy_dir, run, model={"encoder": G_TINY["encoder"], "decoder": G_TINY["decoder"]},
+    ckpt = init_from_run(trained_run, run)
+    trainer = make_trainer(tiny_config(toy_dir, run, model={"encoder": G_TINY["encoder"], "decoder": G_TINY["decoder"]},
                                        train={"init_from": str(ckpt), "init_lr_scale": 0.2}))
     sentence = torch.load(ckpt, weights_only=True)["model"]
-    ctx = distributed.init_distributed("cpu")
-    try:
-        trainer = Trainer(cfg, ctx)
-    finally:
-        distributed.shutdown(ctx)
     params = dict(trainer.model.named_parameters())
     shared = set(params) & set(sentence)
     new = set(params) - shared
@@ -274,15 +264,11 @@ def test_finetuning_copies_shared_parameters_and_builds_two_lr_groups(trained_ru
 
 def test_finetuning_with_other_vocabularies_is_a_clear_error(trained_run, toy_dir, tmp_path):
     from onmt_doc.errors import UserError
-    cfg = config_from_dict(tiny_config(toy_dir, tmp_path / "other", vocab={"size": 200},
-                                       model={"encoder": G_TINY["encoder"], "decoder": G_TINY["decoder"]},
-                                       train={"init_from": str(trained_run / "checkpoints" / "last.pt")}))
-    ctx = distributed.init_distributed("cpu")
-    try:
-        with pytest.raises(UserError, match="other vocabularies"):
-            Trainer(cfg, ctx)
-    finally:
-        distributed.shutdown(ctx)
+    cfg = tiny_config(toy_dir, tmp_path / "other", vocab={"size": 200},
+                      model={"encoder": G_TINY["encoder"], "decoder": G_TINY["decoder"]},
+                      train={"init_from": str(trained_run / "checkpoints" / "last.pt")})
+    with pytest.raises(UserError, match="other vocabularies"):
+        make_trainer(cfg)
 
 
 def test_small_g_transformer_learns_the_context_dependent_pronouns(toy_dir, tmp_path):

@@ -63,10 +63,30 @@ def _pad(seqs: Sequence[np.ndarray], prefix: Optional[int] = None, suffix: Optio
     return out
 
 
+def sentence_rows(examples: Sequence[Example]) -> tuple[list[Example], list[int]]:
+    """Split context instances into one example per sentence; also return each row's instance."""
+    rows, owner = [], []
+    for b, e in enumerate(examples):
+        if e.sent_lens is None:
+            rows.append(e)
+            owner.append(b)
+            continue
+        ends = e.sent_lens.cumsum(0)
+        starts = ends - e.sent_lens
+        for j, ((s0, t0), (s1, t1)) in enumerate(zip(starts, ends)):
+            extra = {k: v[t0:t1] for k, v in e.extra.items()}
+            rows.append(Example(e.src[s0:s1], None if e.tgt is None else e.tgt[t0:t1], e.doc, e.first + j, 1, extra))
+            owner.append(b)
+    return rows, owner
+
+
 def collate(examples: Sequence[Example], indices: Optional[np.ndarray] = None) -> Batch:
+    """Padded tensors of ``examples``; a context instance gives one row per sentence, and
+    ``doc_index`` says which example (document window) each row comes from."""
+    examples, owner = sentence_rows(examples)
     src = _pad([e.src for e in examples])
     batch = Batch(src=torch.from_numpy(src), src_groups=torch.from_numpy(group_tags(src)),
-                  doc_index=torch.tensor([e.doc for e in examples]),
+                  doc_index=torch.tensor(owner),
                   first_sent=torch.tensor([e.first for e in examples]),
                   n_src_tokens=int((src != PAD_ID).sum()), indices=indices)
     if examples[0].tgt is not None:
@@ -80,29 +100,50 @@ def collate(examples: Sequence[Example], indices: Optional[np.ndarray] = None) -
     return batch
 
 
-def example_lengths(examples: Sequence[Example]) -> tuple[np.ndarray, np.ndarray]:
-    """Padded lengths as collation makes them (targets get <bos>/<eos>)."""
-    src = np.fromiter((len(e.src) for e in examples), dtype=np.int64, count=len(examples))
-    tgt = np.fromiter((0 if e.tgt is None else len(e.tgt) + 1 for e in examples), dtype=np.int64,
-                      count=len(examples))
-    return src, tgt
+@dataclass
+class Lengths:
+    """Per example: padded source and target row length as collation makes them (targets get
+    <bos>/<eos>) and the number of rows (sentences of a context instance, else 1)."""
+    src: np.ndarray
+    tgt: np.ndarray
+    rows: np.ndarray
+
+    def sort_order(self, noise: Optional[np.ndarray] = None, by_source_only: bool = False) -> np.ndarray:
+        """Bucketing order: by rows (context windows of one size together, so that per-document
+        attention pads little), then target and source length."""
+        keys = [self.src] + ([] if by_source_only else [self.tgt]) + [self.rows]
+        return np.lexsort(([noise] if noise is not None else []) + keys)
 
 
-def token_batches(order: np.ndarray, src_len: np.ndarray, tgt_len: np.ndarray,
-                  batch_tokens: int, max_examples: int = 0) -> list[np.ndarray]:
-    """Cut ``order`` into consecutive batches with B * max(src, tgt length) <= batch_tokens
-    (and B <= max_examples when set).
+def example_lengths(examples: Sequence[Example]) -> Lengths:
+    def longest(e: Example, side: int) -> int:
+        if e.sent_lens is not None:
+            return int(e.sent_lens[:, side].max())
+        seq = e.src if side == 0 else e.tgt
+        return 0 if seq is None else len(seq)
+
+    n = len(examples)
+    src = np.fromiter((longest(e, 0) for e in examples), dtype=np.int64, count=n)
+    tgt = np.fromiter((longest(e, 1) + 1 if e.tgt is not None else 0 for e in examples), dtype=np.int64, count=n)
+    rows = np.fromiter((e.rows for e in examples), dtype=np.int64, count=n)
+    return Lengths(src, tgt, rows)
+
+
+def token_batches(order: np.ndarray, lengths: Lengths, batch_tokens: int, max_rows: int = 0,
+                  by_source_only: bool = False) -> list[np.ndarray]:
+    """Cut ``order`` into consecutive batches with rows * max(src, tgt length) <= batch_tokens
+    (and rows <= max_rows when set).
 
     An example longer than the budget forms a batch of its own rather than being dropped.
     """
-    batches, start, longest = [], 0, 0
+    size = lengths.src if by_source_only else np.maximum(lengths.src, lengths.tgt)
+    batches, start, longest, rows = [], 0, 0, 0
     for i, idx in enumerate(order):
-        n = max(src_len[idx], tgt_len[idx])
-        if i > start and (max(longest, n) * (i - start + 1) > batch_tokens
-                          or (max_examples and i - start >= max_examples)):
+        n, r = size[idx], lengths.rows[idx]
+        if i > start and (max(longest, n) * (rows + r) > batch_tokens or (max_rows and rows + r > max_rows)):
             batches.append(order[start:i])
-            start, longest = i, 0
-        longest = max(longest, n)
+            start, longest, rows = i, 0, 0
+        longest, rows = max(longest, n), rows + r
     if len(order) > start:
         batches.append(order[start:])
     return batches
@@ -121,7 +162,7 @@ class BatchSampler:
     def __init__(self, examples: Sequence[Example], batch_tokens: int, seed: int = 1,
                  shuffle: bool = True, rank: int = 0, world: int = 1):
         self.examples = examples
-        self.src_len, self.tgt_len = example_lengths(examples)
+        self.lengths = example_lengths(examples)
         self.batch_tokens, self.seed, self.shuffle = batch_tokens, seed, shuffle
         self.rank, self.world = rank, world
         self.epoch, self.position = 0, 0
@@ -134,11 +175,10 @@ class BatchSampler:
         n = len(self.examples)
         if self.shuffle:
             rng = np.random.default_rng([self.seed, epoch])
-            noise = rng.random(n)
-            order = np.lexsort((noise, self.src_len, self.tgt_len))
+            order = self.lengths.sort_order(rng.random(n))
         else:
-            order = np.lexsort((self.src_len, self.tgt_len))
-        batches = token_batches(order, self.src_len, self.tgt_len, self.batch_tokens)
+            order = self.lengths.sort_order()
+        batches = token_batches(order, self.lengths, self.batch_tokens)
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         if self.world > 1:
@@ -171,10 +211,8 @@ class BatchSampler:
 
 
 def ordered_batches(examples: Sequence[Example], batch_tokens: int, by_source_only: bool = False,
-                    max_examples: int = 0) -> list[np.ndarray]:
+                    max_rows: int = 0) -> list[np.ndarray]:
     """Deterministic length-sorted batches for validation and translation."""
-    src_len, tgt_len = example_lengths(examples)
-    if by_source_only:
-        tgt_len = np.zeros_like(tgt_len)
-    order = np.lexsort((src_len, tgt_len))
-    return token_batches(order, src_len, tgt_len, batch_tokens, max_examples)
+    lengths = example_lengths(examples)
+    return token_batches(lengths.sort_order(by_source_only=by_source_only), lengths, batch_tokens,
+                         max_rows, by_source_only)

@@ -23,6 +23,14 @@ class Example:
     first: int                       # index of the instance's first sentence in the document
     n_sents: int
     extra: dict = field(default_factory=dict)  # per-target-token arrays added by losses (e.g. z*)
+    # context instances only: [n_sents, 2] marked (src, tgt) length of each sentence; collation
+    # makes one batch row per sentence (rows of one instance share a doc_index)
+    sent_lens: Optional[np.ndarray] = None
+
+    @property
+    def rows(self) -> int:
+        """Batch rows this example becomes."""
+        return 1 if self.sent_lens is None else len(self.sent_lens)
 
 
 def mark_sentence(ids: Sequence[int]) -> np.ndarray:
@@ -76,10 +84,37 @@ def _pack(doc: Sequence[tuple], d: int, start: int, end: int) -> Example:
     return Example(src, tgt, d, start, end - start)
 
 
+def context_instances(docs: Sequence[Sequence[tuple]], max_sentences: int = 0,
+                      max_len: int = 0) -> tuple[list[Example], int]:
+    """Whole documents, or windows of at most ``max_sentences`` consecutive sentences (HM-GDC).
+
+    Each sentence becomes its own batch row, decoded with its own memory and the context of its
+    window. The window's position is ``first``. With ``max_len``, a window holding a longer pair is
+    dropped whole (dropping one sentence would change its neighbours' context); the number of pairs
+    dropped is returned for the log.
+    """
+    examples, dropped = [], 0
+    for d, doc in enumerate(docs):
+        size = max_sentences or len(doc)
+        for start in range(0, len(doc), size):
+            window = doc[start:start + size]
+            if max_len and any(len(s) > max_len or (t is not None and len(t) > max_len) for s, t in window):
+                dropped += len(window)
+                continue
+            ex = _pack(doc, d, start, start + len(window))
+            ex.sent_lens = np.array([(len(s) + 2, 0 if t is None else len(t) + 2) for s, t in window],
+                                    dtype=np.int64)
+            examples.append(ex)
+    return examples, dropped
+
+
 def build_instances(unit: str, docs: Sequence[Sequence[tuple]], max_tokens: int,
-                    max_len: int = 0) -> tuple[list[Example], int]:
-    """Instances for a model's unit: ``document`` packs consecutive sentences of a document; the
-    ``sentence`` (and, for now, ``context``) units use one instance per sentence pair."""
+                    max_len: int = 0, max_sentences: int = 0) -> tuple[list[Example], int]:
+    """Instances for a model's unit: ``document`` packs consecutive sentences of a document up to
+    ``max_tokens``; ``context`` takes document windows of ``max_sentences`` (0 = whole documents)
+    whose sentences are batch rows; ``sentence`` uses one instance per sentence pair."""
     if unit == "document":
         return document_instances(docs, max_tokens), 0
+    if unit == "context":
+        return context_instances(docs, max_sentences, max_len)
     return sentence_instances(docs, max_len)

@@ -106,9 +106,10 @@ def load_examples(cfg: Config, codec: Codec, src: str, tgt: str, unit: str, run_
     """Instances of a parallel corpus for ``unit``, and its tokenized documents."""
     cache_dir = cfg.data.cache_dir or os.path.join(run_dir, "cache")
     docs, cached = load_tokenized(src, tgt, codec, cfg.data.documents, cfg.data.max_line_chars, cache_dir)
-    examples, dropped = build_instances(unit, docs, cfg.data.max_tokens, cfg.data.max_len if filter_long else 0)
+    examples, dropped = build_instances(unit, docs, cfg.data.max_tokens, cfg.data.max_len if filter_long else 0,
+                                        cfg.data.max_sentences)
     n_sents = sum(len(d) for d in docs)
     log.info("%s: %d documents, %d sentence pairs -> %d %s instances%s%s", src, len(docs), n_sents,
              len(examples), unit, " (binarized cache)" if cached else "",
-             f"; {dropped} pairs longer than data.max_len={cfg.data.max_len} dropped" if dropped else "")
+             f"; {dropped} pairs dropped by data.max_len={cfg.data.max_len}" if dropped else "")
     return examples, docs

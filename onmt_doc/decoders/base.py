@@ -36,6 +36,7 @@ class LengthLimit:
 
 class Decoder(nn.Module):
     unit: ClassVar[str] = "sentence"
+    needs: ClassVar[tuple[str, ...]] = ()      # EncoderOut.extra keys it reads (checked when building)
 
     def max_output_lengths(self, batch: Batch, limit: LengthLimit) -> torch.Tensor:
         """[B] most tokens beam search may generate per row (the final <eos> forced at the cap)."""

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 from torch import nn
@@ -47,13 +47,19 @@ class TransformerDecoderLayer(nn.Module):
         self.cross_res = Residual(d_model, dropout, pre_norm)
         self.ff_res = Residual(d_model, dropout, pre_norm)
 
-    def forward(self, x: torch.Tensor, memory_kv: KV, memory_mask: torch.Tensor) -> torch.Tensor:
+    def source_attention(self, h: torch.Tensor, memory_kv: KV, memory_mask: torch.Tensor,
+                         context: Any = None) -> torch.Tensor:
+        """What the cross-attention sublayer adds; ``context`` is for layers that attend to more
+        than the sentence memory (HM-GDC's document context)."""
+        return self.cross_attn.cross(h, memory_kv, memory_mask)
+
+    def forward(self, x: torch.Tensor, memory_kv: KV, memory_mask: torch.Tensor, context: Any = None) -> torch.Tensor:
         x = self.self_res(x, lambda h: self.self_attn(h, is_causal=True))
-        x = self.cross_res(x, lambda h: self.cross_attn.cross(h, memory_kv, memory_mask))
+        x = self.cross_res(x, lambda h: self.source_attention(h, memory_kv, memory_mask, context))
         return self.ff_res(x, self.ff)
 
     def step(self, x: torch.Tensor, cache: Optional[KV], memory_kv: KV,
-             memory_mask: torch.Tensor) -> tuple[torch.Tensor, KV]:
+             memory_mask: torch.Tensor, context: Any = None) -> tuple[torch.Tensor, KV]:
         new_cache = None
 
         def attend(h: torch.Tensor) -> torch.Tensor:
@@ -62,25 +68,31 @@ class TransformerDecoderLayer(nn.Module):
             return out
 
         x = self.self_res(x, attend)
-        x = self.cross_res(x, lambda h: self.cross_attn.cross(h, memory_kv, memory_mask))
+        x = self.cross_res(x, lambda h: self.source_attention(h, memory_kv, memory_mask, context))
         return self.ff_res(x, self.ff), new_cache
 
 
 @REGISTRY.register("transformer", TransformerDecoderConfig)
 class TransformerDecoder(Decoder):
+    layer_type: ClassVar[type] = TransformerDecoderLayer   # subclasses with other layers set theirs
+
     def __init__(self, cfg: TransformerDecoderConfig, ctx: PartContext):
         super().__init__()
         self.embeddings = ctx.tgt_embeddings
         self.layers = nn.ModuleList(
-            TransformerDecoderLayer(ctx.d_model, cfg.heads, cfg.ff, ctx.dropout, ctx.attention_dropout,
-                                    cfg.pre_norm) for _ in range(cfg.layers))
+            self.layer_type(ctx.d_model, cfg.heads, cfg.ff, ctx.dropout, ctx.attention_dropout, cfg.pre_norm)
+            for _ in range(cfg.layers))
         self.final_norm = nn.LayerNorm(ctx.d_model) if cfg.pre_norm else nn.Identity()
+
+    def layer_contexts(self, enc_out: EncoderOut) -> list[Any]:
+        """Per layer, what ``source_attention`` reads besides the sentence memory (none here)."""
+        return [None] * len(self.layers)
 
     def forward(self, tgt_in: torch.Tensor, enc_out: EncoderOut, batch: Batch) -> DecoderOut:
         x = self.embeddings(tgt_in)
         mask = enc_out.attention_mask()
-        for layer in self.layers:
-            x = layer(x, layer.cross_attn.memory_kv(enc_out.memory), mask)
+        for layer, context in zip(self.layers, self.layer_contexts(enc_out)):
+            x = layer(x, layer.cross_attn.memory_kv(enc_out.memory), mask, context)
         return DecoderOut(self.final_norm(x))
 
     def init_state(self, enc_out: EncoderOut, batch: Batch, limit: Optional[LengthLimit] = None) -> TransformerState:
@@ -90,7 +102,12 @@ class TransformerDecoder(Decoder):
 
     def step(self, tokens: torch.Tensor, state: TransformerState) -> tuple[torch.Tensor, TransformerState]:
         x = self.embeddings(tokens[:, None], offset=state.step)
+        contexts = self.state_contexts(state)
         for i, layer in enumerate(self.layers):
-            x, state.self_kv[i] = layer.step(x, state.self_kv[i], state.cross_kv[i], state.memory_mask)
+            x, state.self_kv[i] = layer.step(x, state.self_kv[i], state.cross_kv[i], state.memory_mask, contexts[i])
         state.step += 1
         return self.final_norm(x)[:, 0], state
+
+    def state_contexts(self, state: TransformerState) -> list[Any]:
+        """``layer_contexts`` as the decoding state holds them."""
+        return [None] * len(self.layers)

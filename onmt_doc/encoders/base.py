@@ -26,6 +26,7 @@ class Encoder(nn.Module):
     """``forward(batch) -> EncoderOut``. ``unit`` says which instances the encoder needs."""
 
     unit: ClassVar[str] = "sentence"
+    provides: ClassVar[tuple[str, ...]] = ()   # EncoderOut.extra keys it fills for decoders
 
     def forward(self, batch: Batch) -> EncoderOut:  # pragma: no cover - interface
         raise NotImplementedError

@@ -6,11 +6,24 @@ from torch import nn
 from onmt_doc.config import ModelConfig
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.vocab import MASK_ID, UNK_ID
+from onmt_doc.decoders.base import Decoder
+from onmt_doc.encoders.base import Encoder
 from onmt_doc.errors import ConfigError
 from onmt_doc.models.model import EncoderDecoder
 from onmt_doc.modules.embeddings import Embeddings
 from onmt_doc.parts import PartContext
 from onmt_doc.registry import registry_for
+
+
+def check_parts_fit(cfg: ModelConfig, encoder: Encoder, decoder: Decoder) -> None:
+    """The decoder gets what it reads from the encoder, and nothing the encoder computes is lost."""
+    missing = [k for k in decoder.needs if k not in encoder.provides]
+    if missing:
+        raise ConfigError(f"model.decoder.type: {cfg.decoder.type} reads {', '.join(missing)} from the encoder, "
+                          f"which encoder {cfg.encoder.type} does not provide")
+    if getattr(cfg.encoder, "word_context", True) is False and "doc_memory" not in decoder.needs:
+        raise ConfigError(f"model.encoder.word_context: false leaves the document context unused with decoder "
+                          f"{cfg.decoder.type}; use decoder doc_context (decoder-only integration) or set it true")
 
 
 def build_model(cfg: ModelConfig, codec: Codec) -> EncoderDecoder:
@@ -22,6 +35,7 @@ def build_model(cfg: ModelConfig, codec: Codec) -> EncoderDecoder:
     ctx = PartContext(cfg.d_model, cfg.dropout, cfg.attention_dropout, src_emb, tgt_emb)
     encoder = registry_for("encoder").build(cfg.encoder, ctx)
     decoder = registry_for("decoder").build(cfg.decoder, ctx)
+    check_parts_fit(cfg, encoder, decoder)
     generator = nn.Linear(cfg.d_model, tgt_n)
     embeddings = {id(src_emb.weight), id(tgt_emb.weight)}
     for module in (encoder, decoder, generator):

@@ -8,6 +8,8 @@ checkpoints work unchanged. Other devices use torch's fused dropout.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -15,15 +17,23 @@ from torch import nn
 _INT16_RANGE = 65536
 
 
+def dropout_mask(shape: tuple[int, ...], p: float, like: torch.Tensor) -> torch.Tensor:
+    """Inverted-dropout multiplier of ``shape`` (0 with probability p, else 1/(1-p)) in ``like``'s
+    dtype and device; a shape with size-1 axes gives noise shared along them (Dropout1d/2d)."""
+    if like.device.type != "cpu":
+        return F.dropout(torch.ones(shape, dtype=like.dtype, device=like.device), p, True)
+    n = math.prod(shape)
+    words = torch.randint(-2 ** 63, 2 ** 63 - 1, ((n + 3) // 4,), dtype=torch.int64)
+    uniform16 = words.view(torch.int16)[:n].view(shape)
+    keep = uniform16 >= int(round(p * _INT16_RANGE)) - _INT16_RANGE // 2
+    return keep.to(like.dtype) * (1.0 / (1.0 - p))
+
+
 def fast_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
     """Zero each element with probability p (to 1/65536), scale the rest by 1/(1-p)."""
     if x.device.type != "cpu":
         return F.dropout(x, p, True)
-    n = x.numel()
-    words = torch.randint(-2 ** 63, 2 ** 63 - 1, ((n + 3) // 4,), dtype=torch.int64)
-    uniform16 = words.view(torch.int16)[:n].view(x.shape)
-    keep = uniform16 >= int(round(p * _INT16_RANGE)) - _INT16_RANGE // 2
-    return x * (keep.to(x.dtype) * (1.0 / (1.0 - p)))
+    return x * dropout_mask(tuple(x.shape), p, x)
 
 
 class Dropout(nn.Module):

@@ -60,10 +60,12 @@ class Embeddings(nn.Module):
         return self.tokens.weight
 
     def forward(self, ids: torch.Tensor, offset: Union[int, torch.Tensor] = 0,
-                positions: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Embed [B, T] ids whose first position is ``offset`` (or explicit [B, T] ``positions``)."""
+                positions: Optional[torch.Tensor] = None, with_positions: bool = True) -> torch.Tensor:
+        """Embed [B, T] ids whose first position is ``offset`` (or explicit [B, T] ``positions``);
+        ``with_positions=False`` leaves positions out (a user of a shared module whose order
+        comes from elsewhere, e.g. the MHPLSTM decoder's recurrence)."""
         x = self.tokens(ids) * self.scale
-        if self.positions is not None:
+        if self.positions is not None and with_positions:
             x = x + (self.positions(positions) if positions is not None
                      else self.positions(offset, ids.size(1)))
         return self.dropout(x)

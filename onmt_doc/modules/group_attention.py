@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from onmt_doc.modules import analysis
 from onmt_doc.modules.attention import attention_probs
+from onmt_doc.modules.document_packing import group_slots
 
 
 @dataclass
@@ -39,11 +40,8 @@ def _blocks(tags: torch.Tensor, keep: torch.Tensor, n_groups: int) -> tuple[torc
     b, n = tags.shape
     pos = (keep & tags.gt(0)).reshape(-1).nonzero().squeeze(1)
     gid = (pos // n) * n_groups + tags.reshape(-1)[pos] - 1
-    gid, order = torch.sort(gid, stable=True)
-    pos = pos[order]
-    counts = torch.bincount(gid, minlength=b * n_groups)
+    slot, counts = group_slots(gid, b * n_groups)
     length = max(int(counts.max()), 1) if counts.numel() else 1
-    slot = torch.arange(pos.numel(), device=tags.device) - (counts.cumsum(0) - counts)[gid]
     index = torch.zeros(b * n_groups, length, dtype=torch.long, device=tags.device)
     valid = torch.zeros(b * n_groups, length, dtype=torch.bool, device=tags.device)
     index[gid, slot] = pos

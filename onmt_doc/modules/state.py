@@ -2,7 +2,9 @@
 
 Beam search only ever calls :meth:`DecoderState.reorder`. Fields listed in ``source_fields``
 depend on the source alone (e.g. cached cross-attention keys/values); they are the same for all
-beams of one sentence, so reordering beams inside their sentence skips them.
+beams of one sentence, so reordering beams inside their sentence skips them. Fields listed in
+``shared_fields`` are not per row at all (e.g. one key/value cache per document that several
+rows index into); reordering never touches them.
 """
 from __future__ import annotations
 
@@ -27,11 +29,12 @@ def _reorder(value: Any, index: torch.Tensor, same_sources: bool) -> Any:
 @dataclass
 class DecoderState:
     source_fields: ClassVar[tuple[str, ...]] = ()
+    shared_fields: ClassVar[tuple[str, ...]] = ()
 
     def reorder(self, index: torch.Tensor, same_sources: bool = False) -> "DecoderState":
         """Select batch rows ``index``; ``same_sources`` when rows only move within a sentence's beam."""
         for f in fields(self):
-            if same_sources and f.name in self.source_fields:
+            if f.name in self.shared_fields or (same_sources and f.name in self.source_fields):
                 continue
             setattr(self, f.name, _reorder(getattr(self, f.name), index, False))
         return self

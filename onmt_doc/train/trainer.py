@@ -93,6 +93,11 @@ def set_threads(cfg: Config, ctx: DistContext) -> None:
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
         return
+    if ctx.local_world == 1 and os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        # a single process respects the usual variable (several jobs sharing a machine); under
+        # torchrun it is set to 1 for every process by default, so there the cores are shared out
+        torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
+        return
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - non-Linux

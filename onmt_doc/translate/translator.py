@@ -70,7 +70,8 @@ class Translator:
         for d in docs:
             tok_docs.append([(flat_src[i + j], flat_tgt[i + j] if flat_tgt else None) for j in range(len(d))])
             i += len(d)
-        examples, _ = build_instances(self.model.unit, tok_docs, self.cfg.data.max_tokens)
+        examples, _ = build_instances(self.model.unit, tok_docs, self.cfg.data.max_tokens,
+                                      max_sentences=self.cfg.data.max_sentences)
         return examples
 
     def _process(self, items: Iterable[Optional[list]], run: Callable[[list, list[Example]], Iterator],
@@ -112,20 +113,27 @@ class Translator:
         for idx in ordered_batches(examples, self.opt.batch_tokens, by_source_only, self.opt.batch_sentences):
             yield idx, collate([examples[i] for i in idx], idx).to(self.device)
 
+    @staticmethod
+    def _rows(idx, batch, examples: list[Example]) -> Iterator[tuple[Example, int, int]]:
+        """Per batch row: its instance, the document position of its first sentence and its
+        number of sentences (a context instance has one row per sentence)."""
+        for d, first in zip(batch.doc_index.tolist(), batch.first_sent.tolist()):
+            ex = examples[idx[d]]
+            yield ex, first, ex.n_sents if ex.sent_lens is None else 1
+
     # ------------------------------------------------------------------ translation
     @torch.no_grad()
     def _run_translation(self, outputs: list[list], examples: list[Example]) -> Iterator[list[tuple[int, int]]]:
         for idx, batch in self._batches(examples, by_source_only=True):
             done = []
-            for i, hyps in zip(idx, self.search.search(self.model, batch)):
-                ex = examples[i]
-                if self.opt.n_best > 1 and ex.n_sents == 1:   # n-best of a sentence: tab-separated
+            for (ex, first, n), hyps in zip(self._rows(idx, batch, examples), self.search.search(self.model, batch)):
+                if self.opt.n_best > 1 and n == 1:   # n-best of a sentence: tab-separated
                     lines = ["\t".join(self.codec.decode(split_sentences(h.tokens, 1)[0]) for h in hyps)]
                 else:
                     best = hyps[0].tokens if hyps else []
-                    lines = [self.codec.decode(sent) for sent in split_sentences(best, ex.n_sents)]
-                outputs[ex.doc][ex.first:ex.first + ex.n_sents] = lines
-                done.append((ex.doc, ex.n_sents))
+                    lines = [self.codec.decode(sent) for sent in split_sentences(best, n)]
+                outputs[ex.doc][first:first + n] = lines
+                done.append((ex.doc, n))
             yield done
 
     def translate_items(self, items: Iterable[Optional[list]]) -> Iterator[Optional[list[str]]]:
@@ -147,12 +155,11 @@ class Translator:
             tags = torch.cat([batch.tgt_groups[:, 1:], torch.zeros_like(batch.tgt_groups[:, :1])], 1)
             tags = torch.where(batch.tgt_out.eq(EOS_ID), tags.max(1, keepdim=True).values, tags)
             done = []
-            for row, i in enumerate(idx):
-                ex = examples[i]
-                sums = torch.zeros(ex.n_sents + 1, dtype=lp.dtype).index_add_(0, tags[row].cpu(), lp[row].cpu())
-                for j in range(ex.n_sents):
-                    outputs[ex.doc][ex.first + j] = f"{float(sums[j + 1]):.4f}"
-                done.append((ex.doc, ex.n_sents))
+            for row, (ex, first, n) in enumerate(self._rows(idx, batch, examples)):
+                sums = torch.zeros(n + 1, dtype=lp.dtype).index_add_(0, tags[row].cpu(), lp[row].cpu())
+                for j in range(n):
+                    outputs[ex.doc][first + j] = f"{float(sums[j + 1]):.4f}"
+                done.append((ex.doc, n))
             yield done
 
     def score_items(self, items: Iterable[Optional[list]]) -> Iterator[Optional[list[str]]]:

@@ -1,0 +1,302 @@
+#!/usr/bin/env python3
+"""Transformer vs Reformer-base vs Reformer-fast (Li et al., 2020, table 3) on Multi30k en→de.
+
+Same vocabulary, data, batches, schedule and steps for the three, sizes chosen for similar
+parameter counts (eq. 8 units of d_model²: Transformer 3+3 layers = 84, Reformer-base 3 layers =
+72, Reformer-fast 3 PreNet + 2 Reformer layers = 84):
+
+1. one shared BPE vocabulary (``onmt_doc_build_vocab``), copied into every run folder;
+2. per model ``onmt_doc_train`` (validation perplexity, parameters, training target tokens/s as the
+   median of the report intervals after the first);
+3. ``onmt_doc_translate`` of test2016 (BLEU), then ``--rounds`` timed translations of its first
+   ``--speed-lines`` sentences, the models alternating within each round so machine drift cancels;
+   decoding speed = median time, relative to the Transformer;
+4. activation memory per target token (bytes the autograd graph saves for backward, counted with
+   ``torch.autograd.graph.saved_tensors_hooks``) with and without ``checkpoint_layers``;
+5. ``<out>/results.md`` (for docs/benchmarks.md) and ``<out>/results.json``.
+
+The run holds ``/tmp/onmt_bench.lock`` (as ``flock`` does) after building the vocabulary, so
+benchmarks never overlap.
+
+    python benchmarks/reformer.py --out runs/bench_reformer --steps 100 --threads 1 --test-lines 200 --speed-lines 100   # ~10 min
+    python benchmarks/reformer.py --out runs/bench_reformer_smoke --steps 5 --rounds 1 --speed-lines 20 \
+        --test-lines 20
+"""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+M30K = "/work/shared/data/multi30k-en-de"
+LOCK = "/tmp/onmt_bench.lock"
+PAPER_SPEED = {"reformer_base": 0.47, "reformer_fast": 0.73}
+GOAL_FAST = 0.75
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def run_logged(cmd: list[str], log_path: str, threads: int) -> str:
+    """Run ``cmd``, its output streamed to ``log_path`` (to follow a long run); returns that output."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    log("$ " + " ".join(cmd))
+    with open(log_path, "w", encoding="utf-8") as f:
+        f.write(" ".join(cmd) + "\n")
+        f.flush()
+        proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, text=True)
+    with open(log_path, encoding="utf-8") as f:
+        text = f.read()
+    if proc.returncode:
+        sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}; see {log_path}")
+    return text
+
+
+def model_sections(d: int) -> dict[str, dict]:
+    ff, heads = 4 * d, 4
+    layer = {"heads": heads, "ff": ff}
+    return {"transformer": {"encoder": {"type": "transformer", "layers": 3, **layer},
+                            "decoder": {"type": "transformer", "layers": 3, **layer}},
+            "reformer_base": {"encoder": {"type": "embedding"},
+                              "decoder": {"type": "reformer", "layers": 3, **layer}},
+            "reformer_fast": {"encoder": {"type": "transformer", "layers": 3, **layer},
+                              "decoder": {"type": "reformer", "layers": 2, **layer}},
+            # the paper's computation-allocation argument pushed further: same 84 units, 5 + 1 layers
+            "reformer_fast_5+1": {"encoder": {"type": "transformer", "layers": 5, **layer},
+                                  "decoder": {"type": "reformer", "layers": 1, **layer}}}
+
+
+def config(args, run_dir: str, section: dict) -> dict:
+    return {
+        "data": {"train": {"src": f"{M30K}/train.en", "tgt": f"{M30K}/train.de"},
+                 "valid": {"src": f"{M30K}/valid.en", "tgt": f"{M30K}/valid.de"}, "documents": False,
+                 "cache_dir": f"{args.out}/cache"},      # tokenized once for all models
+        "vocab": {"subword": "bpe", "size": 8000, "shared": True},
+        "model": {"d_model": args.d_model, "dropout": 0.1, "attention_dropout": 0.1, **section},
+        "optim": {"type": "adam", "lr": args.lr, "betas": [0.9, 0.98],
+                  "schedule": {"type": "inverse_sqrt", "warmup": args.warmup}},
+        "train": {"batch_tokens": args.batch_tokens, "max_steps": args.steps, "valid_every": args.steps,
+                  "save_every": args.steps, "keep_last": 1, "valid_bleu": False, "threads": args.threads,
+                  "seed": 1},
+        "translate": {"beam": args.beam, "batch_sentences": 32},
+        "log": {"dir": run_dir, "tensorboard": False, "every": 10},
+    }
+
+
+def write_yaml(cfg: dict, path: str) -> str:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(cfg, f, sort_keys=False)
+    return path
+
+
+def head(path: str, lines: int, out: str, tag: str = "test") -> str:
+    """The first ``lines`` lines of ``path``, as a file under ``out``."""
+    dest = os.path.join(out, f"{tag}.{lines}.{path.rsplit('.', 1)[-1]}")
+    with open(path, encoding="utf-8") as f, open(dest, "w", encoding="utf-8") as g:
+        g.writelines(f.readlines()[:lines])
+    return dest
+
+
+def train_row(text: str) -> dict:
+    """Validation metrics, parameters and steady-state training speed from a training log."""
+    speeds = [float(x) for x in re.findall(r"\| (\d+) tgt tok/s", text)]
+    valid = re.findall(r"validation at step \d+: loss ([\d.]+) \| ppl ([\d.]+) \| acc ([\d.]+)", text)
+    params = re.search(r"([\d.]+)M parameters", text)
+    return {"train_tok_s": statistics.median(speeds[1:] or speeds) if speeds else float("nan"),
+            "valid_loss": float(valid[-1][0]), "valid_ppl": float(valid[-1][1]), "valid_acc": float(valid[-1][2]),
+            "params_m": float(params.group(1))}
+
+
+def translate(args, ckpt: str, src: str, out: str, log_path: str, ref: str = "") -> tuple[float, float]:
+    """(seconds of translation without model loading, BLEU or nan)."""
+    cmd = [shutil.which("onmt_doc_translate") or "onmt_doc_translate", "-model", ckpt, "-src", src,
+           "-output", out, "-beam", str(args.beam), "-threads", str(args.threads)]
+    text = run_logged(cmd + (["-tgt", ref] if ref else []), log_path, args.threads)
+    seconds = float(re.search(r"translated .* in ([\d.]+)s", text).group(1))
+    bleu = re.search(r"BLEU ([\d.]+)", text)
+    return seconds, float(bleu.group(1)) if bleu else float("nan")
+
+
+def memory_per_token(args, sections: dict[str, dict]) -> dict:
+    """Activation bytes saved for backward per target token on one training-sized batch of
+    multi30k-like lengths, for each model, and for the Reformers with ``checkpoint_layers``."""
+    cmd = [sys.executable, os.path.join(REPO, "benchmarks", "reformer.py"), "--measure-memory",
+           json.dumps({"d_model": args.d_model, "sections": sections})]
+    text = run_logged(cmd, os.path.join(args.out, "memory.log"), args.threads)
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def measure_memory(spec: str) -> None:
+    """Child process of ``memory_per_token``: prints one JSON line."""
+    import torch
+
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    from model_helpers import random_batch, random_model
+
+    spec_d = json.loads(spec)
+    batch = random_batch([(14, 14)] * 32)                 # ~multi30k: 16+ subwords with markup
+    result = {}
+    variants = [(n, s) for n, s in spec_d["sections"].items()]
+    variants += [(f"{n}+checkpoint_layers", {**s, "decoder": {**s["decoder"], "checkpoint_layers": True}})
+                 for n, s in spec_d["sections"].items() if s["decoder"]["type"] == "reformer"]
+    for name, section in variants:
+        model, _ = random_model({"d_model": spec_d["d_model"], **section})
+        model.train()
+        params = {q.untyped_storage().data_ptr() for q in model.parameters()}
+        storages: dict[int, int] = {}      # each activation storage once (views and re-saves share it)
+
+        def pack(t):
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in params:
+                storages[ptr] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = model(batch)
+            loss = torch.nn.functional.cross_entropy(out.logits, out.target)
+        loss.backward()
+        tokens = int(out.target.numel())
+        kept = sum(storages.values())
+        if section["decoder"].get("checkpoint_layers"):
+            # torch's checkpoint keeps each layer's input itself (not through saved-tensor hooks)
+            b, s, t = batch.src.size(0), batch.src.size(1), batch.tgt_in.size(1)
+            kept += section["decoder"]["layers"] * b * t * s * spec_d["d_model"] * 4
+        result[name] = {"bytes_per_target_token": kept / tokens,
+                        "src_len": batch.src.size(1), "tgt_len": batch.tgt_in.size(1)}
+    print(json.dumps(result))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="runs/bench_reformer")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--d_model", type=int, default=128)
+    p.add_argument("--batch_tokens", type=int, default=1024)
+    p.add_argument("--lr", type=float, default=2.0e-3)
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3, help="timed translation rounds (models alternate)")
+    p.add_argument("--speed-lines", type=int, default=200, help="test2016 sentences of each timed translation")
+    p.add_argument("--test-lines", type=int, default=1000, help="test2016 sentences translated for BLEU")
+    p.add_argument("--models", default="transformer,reformer_base,reformer_fast")
+    p.add_argument("--measure-memory", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.measure_memory:
+        measure_memory(args.measure_memory)
+        return
+    args.out = os.path.abspath(args.out)   # before config(): the shared data cache lives there
+    out = args.out
+    os.makedirs(out, exist_ok=True)
+    results: dict = {"args": {k: v for k, v in vars(args).items() if k != "measure_memory"},
+                     "machine": f"{platform.processor() or platform.machine()}, "
+                                f"{len(os.sched_getaffinity(0))} cores visible", "models": {}}
+    vocab_cfg = write_yaml(config(args, f"{out}/vocab", {}), f"{out}/vocab/config.yaml")
+    if not os.path.exists(f"{out}/vocab/vocab.txt"):
+        run_logged([shutil.which("onmt_doc_build_vocab") or "onmt_doc_build_vocab", "-config", vocab_cfg],
+                   f"{out}/build_vocab.log", args.threads)
+    lock = open(LOCK, "a")
+    log(f"waiting for {LOCK} (other benchmarks)")
+    fcntl.flock(lock, fcntl.LOCK_EX)          # held until exit: no other benchmark runs meanwhile
+    log("lock acquired")
+    sections = {k: v for k, v in model_sections(args.d_model).items() if k in args.models.split(",")}
+    test_src, test_ref = head(f"{M30K}/test2016.en", args.test_lines, out), head(f"{M30K}/test2016.de", args.test_lines, out)
+    speed_src = head(f"{M30K}/test2016.en", args.speed_lines, out, "speed")
+    ckpts = {}
+    for name, section in sections.items():
+        run_dir = f"{out}/{name}/run"
+        os.makedirs(run_dir, exist_ok=True)
+        for f in ("subword.model", "vocab.txt"):
+            shutil.copyfile(f"{out}/vocab/{f}", f"{run_dir}/{f}")
+        path = write_yaml(config(args, run_dir, section), f"{out}/{name}/config.yaml")
+        ckpts[name] = f"{run_dir}/checkpoints/last.pt"
+        log_path = f"{out}/{name}_train.log"
+        if os.path.exists(ckpts[name]):
+            with open(log_path, encoding="utf-8") as f:
+                text = f.read()
+        else:
+            text = run_logged([shutil.which("onmt_doc_train") or "onmt_doc_train", "-config", path], log_path, args.threads)
+        row = train_row(text)
+        _, row["bleu"] = translate(args, ckpts[name], test_src, f"{out}/{name}/test.hyp",
+                                   f"{out}/{name}_translate.log", test_ref)
+        results["models"][name] = row
+        log(f"{name}: {row}")
+    times: dict[str, list[float]] = {n: [] for n in sections}
+    for r in range(args.rounds):
+        order = list(sections) if r % 2 == 0 else list(sections)[::-1]
+        for name in order:
+            seconds, _ = translate(args, ckpts[name], speed_src, f"{out}/{name}/speed.hyp",
+                                   f"{out}/{name}_speed{r}.log")
+            times[name].append(seconds)
+            log(f"round {r} {name}: {seconds:.1f}s")
+    for name in sections:
+        row = results["models"][name]
+        row["decode_s"], row["decode_runs"] = statistics.median(times[name]), times[name]
+        if "transformer" in times:          # relative to the Transformer timed in the same rounds
+            row["decode_vs_transformer"] = statistics.median(times["transformer"]) / row["decode_s"]
+    results["memory"] = memory_per_token(args, sections)
+    merge_earlier(results, f"{out}/results.json")
+    with open(f"{out}/results.json", "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=1)
+    report = render(results)
+    with open(f"{out}/results.md", "w", encoding="utf-8") as f:
+        f.write(report)
+    print(report)
+
+
+def merge_earlier(results: dict, path: str) -> None:
+    """Keep the rows of models that an earlier run into the same folder measured and this one did
+    not (``--models`` subsets); each row keeps its own speed ratio."""
+    if not os.path.exists(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        earlier = json.load(f)
+    for key in ("models", "memory"):
+        results[key] = {**{k: v for k, v in earlier.get(key, {}).items() if k not in results[key]}, **results[key]}
+
+
+def render(results: dict) -> str:
+    a, models = results["args"], results["models"]
+    base = models.get("transformer", {})
+    lines = [f"Machine: {results['machine']}; {a['threads']} threads. d_model {a['d_model']}, 4 heads, ff "
+             f"{4 * a['d_model']}; {a['steps']} steps of {a['batch_tokens']} tokens (lr {a['lr']}, inverse_sqrt "
+             f"warmup {a['warmup']}); beam {a['beam']}; decoding speed: median of {a['rounds']} alternating "
+             f"translations of the first {a['speed_lines']} test2016 sentences (32 per batch); BLEU on the first "
+             f"{a['test_lines']} test2016 sentences.", "",
+             "| system | params | valid ppl | valid acc % | test2016 BLEU | train tgt tok/s | decode s | decoding speed vs Transformer | paper |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, r in models.items():
+        rel = r.get("decode_vs_transformer", base["decode_s"] / r["decode_s"] if base else float("nan"))
+        paper = f"{PAPER_SPEED[name]:.2f}×" if name in PAPER_SPEED else ("1×" if name == "transformer" else "–")
+        lines.append(f"| {name} | {r['params_m']:.2f}M | {r['valid_ppl']:.2f} | {r['valid_acc']:.1f} | {r['bleu']:.2f} | "
+                     f"{r['train_tok_s']:.0f} | {r['decode_s']:.1f} | {rel:.2f}× | {paper} |")
+    if base and "reformer_fast" in models:
+        fast = models["reformer_fast"]
+        rel = fast.get("decode_vs_transformer", base["decode_s"] / fast["decode_s"])
+        lines += ["", f"Goal: Reformer-fast decoding ≥ {GOAL_FAST}× the Transformer — measured {rel:.2f}× "
+                      f"({'met' if rel >= GOAL_FAST else 'not met'})."]
+    mem = results.get("memory", {})
+    if mem:
+        first = next(iter(mem.values()))
+        lines += ["", f"Activation memory saved for backward, per target token (batch of 32 pairs, S = "
+                      f"{first['src_len']}, T = {first['tgt_len']} with markup, float32):", "",
+                  "| model | KiB / target token |", "|---|---:|"]
+        lines += [f"| {n} | {m['bytes_per_target_token'] / 1024:.0f} |" for n, m in mem.items()]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

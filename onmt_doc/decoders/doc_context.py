@@ -1,0 +1,79 @@
+"""HM-GDC decoder (Tan et al., 2019, sec. 2.2): the Transformer decoder with a DocEnc–Decoder
+attention in every layer.
+
+Besides the encoder–decoder attention over its own sentence (E), every layer attends from the
+same queries to the document context C = [h^ctx_1; …; h^ctx_N] of the sentence's document
+(G, eqs. 8–9), and the sublayer adds both: H = E + G (eq. 10). C comes from the ``hierarchical``
+encoder, packed per document; each document's keys/values are computed once and shared by all
+its sentences (and beams) through ``attend_documents``. Decoding state: the Transformer's, plus
+the per-layer document keys/values (shared, never reordered) and each row's document.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Optional
+
+import torch
+
+from onmt_doc.data.batching import Batch
+from onmt_doc.decoders import REGISTRY
+from onmt_doc.decoders.base import LengthLimit
+from onmt_doc.decoders.transformer import (TransformerDecoder, TransformerDecoderConfig, TransformerDecoderLayer,
+                                           TransformerState)
+from onmt_doc.encoders.base import EncoderOut
+from onmt_doc.modules.attention import KV, MultiHeadAttention
+from onmt_doc.modules.document_packing import DocumentMemory, attend_documents, document_memory
+
+
+@dataclass
+class DocContextDecoderConfig(TransformerDecoderConfig):
+    pass
+
+
+DocumentContext = tuple[DocumentMemory, torch.Tensor]   # (a layer's keys/values of C, row -> document)
+
+
+@dataclass
+class DocContextState(TransformerState):
+    source_fields: ClassVar[tuple[str, ...]] = ("cross_kv", "memory_mask", "row_doc")
+    shared_fields: ClassVar[tuple[str, ...]] = ("doc_memory",)
+    doc_memory: list[DocumentMemory]     # per layer, one entry per document of the batch
+    row_doc: torch.Tensor                # [R] document of each row
+
+
+class DocContextDecoderLayer(TransformerDecoderLayer):
+    def __init__(self, d_model: int, heads: int, ff: int, dropout: float, attention_dropout: float,
+                 pre_norm: bool):
+        super().__init__(d_model, heads, ff, dropout, attention_dropout, pre_norm)
+        self.doc_attn = MultiHeadAttention(d_model, heads, attention_dropout, self_attention=False)
+
+    def source_attention(self, h: torch.Tensor, memory_kv: KV, memory_mask: torch.Tensor,
+                         context: Any = None) -> torch.Tensor:
+        doc, row_doc = context
+        e = self.cross_attn.cross(h, memory_kv, memory_mask)                     # E: encoder-decoder attention
+        g = attend_documents(self.doc_attn, h, row_doc, doc, probe="dec_doc_context")  # eq. 9: G
+        return e + g                                                             # eq. 10: H = E + G
+
+
+@REGISTRY.register("doc_context", DocContextDecoderConfig)
+class DocContextDecoder(TransformerDecoder):
+    unit = "context"
+    needs = ("doc_memory", "doc_memory_pad", "row_doc")
+    layer_type = DocContextDecoderLayer
+
+    def _document_memories(self, enc_out: EncoderOut) -> list[DocumentMemory]:
+        c, pad = enc_out.extra["doc_memory"], enc_out.extra["doc_memory_pad"]      # eq. 8: C
+        return [document_memory(layer.doc_attn, c, pad) for layer in self.layers]
+
+    def layer_contexts(self, enc_out: EncoderOut) -> list[DocumentContext]:
+        row_doc = enc_out.extra.get("row_doc")
+        return [(doc, row_doc) for doc in self._document_memories(enc_out)]
+
+    def init_state(self, enc_out: EncoderOut, batch: Batch, limit: Optional[LengthLimit] = None) -> DocContextState:
+        base = super().init_state(enc_out, batch, limit)
+        return DocContextState(step=base.step, self_kv=base.self_kv, cross_kv=base.cross_kv,
+                               memory_mask=base.memory_mask, doc_memory=self._document_memories(enc_out),
+                               row_doc=enc_out.extra["row_doc"])
+
+    def state_contexts(self, state: DocContextState) -> list[DocumentContext]:
+        return [(doc, state.row_doc) for doc in state.doc_memory]

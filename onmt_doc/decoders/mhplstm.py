@@ -1,0 +1,112 @@
+"""MHPLSTM decoder (Xu et al., 2021): the Transformer decoder with its self-attention sublayer
+replaced by a multi-head highly parallelized LSTM (``onmt_doc/modules/hplstm.py``).
+
+Layers are ``MHPLSTM → cross-attention → feed-forward`` (the feed-forward sublayer can be dropped,
+the paper's table 3), with the Transformer's residual blocks and norm placement. Training runs
+every position at once; decoding carries per layer only the running input sum and the cell
+(``[B, D]`` each), so a step costs the same at position 5 and at position 500.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Optional
+
+import torch
+from torch import nn
+
+from onmt_doc.config import PartConfig
+from onmt_doc.data.batching import Batch
+from onmt_doc.decoders import REGISTRY
+from onmt_doc.decoders.base import Decoder, DecoderOut, LengthLimit
+from onmt_doc.encoders.base import EncoderOut
+from onmt_doc.errors import ConfigError
+from onmt_doc.modules.attention import KV, MultiHeadAttention
+from onmt_doc.modules.feedforward import FeedForward
+from onmt_doc.modules.hplstm import HPLSTMState, MultiHeadHPLSTM
+from onmt_doc.modules.state import DecoderState
+from onmt_doc.modules.sublayer import Residual
+from onmt_doc.parts import PartContext
+
+
+@dataclass
+class MHPLSTMDecoderConfig(PartConfig):
+    layers: int = 6
+    heads: int = 8               # MHPLSTM heads and cross-attention heads
+    ff: int = 2048               # feed-forward sublayer's inner size
+    ffn: bool = True             # false: no feed-forward sublayer (table 3, "- FFN")
+    hidden_layers: int = 2       # hidden state: 2-layer network (eq. 14) or 1 layer (eq. 13)
+    hidden_ratio: int = 4        # eq. 14 inner width in multiples of the head size
+    positions: bool = True       # add sinusoidal positions to the target embeddings
+    pre_norm: bool = True
+
+
+@dataclass
+class MHPLSTMState(DecoderState):
+    source_fields: ClassVar[tuple[str, ...]] = ("cross_kv", "memory_mask")
+    step: int
+    recurrent: list[HPLSTMState]     # per layer (running input sum, cell), [B, D] each
+    cross_kv: list[KV]
+    memory_mask: torch.Tensor        # [B, 1, 1, S]
+
+
+class MHPLSTMDecoderLayer(nn.Module):
+    def __init__(self, cfg: MHPLSTMDecoderConfig, d_model: int, dropout: float, attention_dropout: float):
+        super().__init__()
+        self.hplstm = MultiHeadHPLSTM(d_model, cfg.heads, dropout, cfg.hidden_layers, cfg.hidden_ratio)
+        self.cross_attn = MultiHeadAttention(d_model, cfg.heads, attention_dropout, self_attention=False)
+        self.hplstm_res = Residual(d_model, dropout, cfg.pre_norm)
+        self.cross_res = Residual(d_model, dropout, cfg.pre_norm)
+        self.ff = FeedForward(d_model, cfg.ff, dropout) if cfg.ffn else None
+        self.ff_res = Residual(d_model, dropout, cfg.pre_norm) if cfg.ffn else None
+
+    def forward(self, x: torch.Tensor, memory_kv: KV, memory_mask: torch.Tensor,
+                state: Optional[HPLSTMState] = None) -> tuple[torch.Tensor, HPLSTMState]:
+        """All positions of ``x`` after the prefix in ``state`` (None for a whole target)."""
+        new_state = state
+
+        def recur(h: torch.Tensor) -> torch.Tensor:
+            nonlocal new_state
+            out, new_state = self.hplstm(h, state)
+            return out
+
+        x = self.hplstm_res(x, recur)
+        x = self.cross_res(x, lambda h: self.cross_attn.cross(h, memory_kv, memory_mask))
+        if self.ff is not None:
+            x = self.ff_res(x, self.ff)
+        return x, new_state
+
+
+@REGISTRY.register("mhplstm", MHPLSTMDecoderConfig)
+class MHPLSTMDecoder(Decoder):
+    def __init__(self, cfg: MHPLSTMDecoderConfig, ctx: PartContext):
+        super().__init__()
+        if cfg.hidden_layers not in (1, 2):
+            raise ConfigError(f"model.decoder.hidden_layers: must be 1 or 2, got {cfg.hidden_layers}")
+        if cfg.hidden_ratio < 1:
+            raise ConfigError(f"model.decoder.hidden_ratio: must be at least 1, got {cfg.hidden_ratio}")
+        self.embeddings = ctx.tgt_embeddings
+        self.positions = cfg.positions
+        self.layers = nn.ModuleList(MHPLSTMDecoderLayer(cfg, ctx.d_model, ctx.dropout, ctx.attention_dropout)
+                                    for _ in range(cfg.layers))
+        self.final_norm = nn.LayerNorm(ctx.d_model) if cfg.pre_norm else nn.Identity()
+
+    def forward(self, tgt_in: torch.Tensor, enc_out: EncoderOut, batch: Batch) -> DecoderOut:
+        x = self.embeddings(tgt_in, with_positions=self.positions)
+        mask = enc_out.attention_mask()
+        for layer in self.layers:
+            x, _ = layer(x, layer.cross_attn.memory_kv(enc_out.memory), mask)
+        return DecoderOut(self.final_norm(x))
+
+    def init_state(self, enc_out: EncoderOut, batch: Batch, limit: Optional[LengthLimit] = None) -> MHPLSTMState:
+        b, d = enc_out.memory.size(0), enc_out.memory.size(2)
+        zeros = enc_out.memory.new_zeros(b, d)
+        return MHPLSTMState(step=0, recurrent=[(zeros, zeros)] * len(self.layers),
+                            cross_kv=[layer.cross_attn.memory_kv(enc_out.memory) for layer in self.layers],
+                            memory_mask=enc_out.attention_mask())
+
+    def step(self, tokens: torch.Tensor, state: MHPLSTMState) -> tuple[torch.Tensor, MHPLSTMState]:
+        x = self.embeddings(tokens[:, None], offset=state.step, with_positions=self.positions)
+        for i, layer in enumerate(self.layers):
+            x, state.recurrent[i] = layer(x, state.cross_kv[i], state.memory_mask, state.recurrent[i])
+        state.step += 1
+        return self.final_norm(x)[:, 0], state

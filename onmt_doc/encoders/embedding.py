@@ -1,0 +1,28 @@
+"""The ``embedding`` encoder: source token embeddings + positions, no layers. With the ``reformer``
+decoder it makes Reformer-base (Li et al., 2020), whose joint representation starts from the raw
+source embeddings (eq. 4)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from onmt_doc.config import PartConfig
+from onmt_doc.data.batching import Batch
+from onmt_doc.data.vocab import PAD_ID
+from onmt_doc.encoders import REGISTRY
+from onmt_doc.encoders.base import Encoder, EncoderOut
+from onmt_doc.parts import PartContext
+
+
+@dataclass
+class EmbeddingEncoderConfig(PartConfig):
+    """No keys of its own: the embeddings come from ``model`` (d_model, dropout, share_embeddings)."""
+
+
+@REGISTRY.register("embedding", EmbeddingEncoderConfig)
+class EmbeddingEncoder(Encoder):
+    def __init__(self, cfg: EmbeddingEncoderConfig, ctx: PartContext):
+        super().__init__()
+        self.embeddings = ctx.src_embeddings
+
+    def forward(self, batch: Batch) -> EncoderOut:
+        return EncoderOut(self.embeddings(batch.src), batch.src.eq(PAD_ID), batch.src_groups)

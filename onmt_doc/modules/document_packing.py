@@ -1,0 +1,107 @@
+"""Rows of a batch packed per document, and attention of every row over its own document.
+
+Context-unit models (HM-GDC) put each sentence of a document in its own batch row; ``doc_index``
+says which document a row belongs to. Per-document computations (the document encoder over
+sentence vectors, attention from a sentence to the words of its whole document) gather the rows
+of each document into one packed sequence: [G documents, M slots]. No row ever sees another
+document's slots, and padding costs only the difference between document sizes, which the
+batching keeps small (windows of one size are batched together).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from onmt_doc.modules.attention import KV, MultiHeadAttention, Probe
+
+
+def group_slots(group: torch.Tensor, n_groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For items with group ids [K]: each item's position among the items of its group (in their
+    order of appearance) and the item count of every group [n_groups]."""
+    counts = torch.bincount(group, minlength=n_groups)
+    order = torch.sort(group, stable=True).indices
+    slot = torch.empty_like(group)
+    slot[order] = torch.arange(group.numel(), device=group.device) - (counts.cumsum(0) - counts)[group[order]]
+    return slot, counts
+
+
+@dataclass
+class Packing:
+    """Where the kept positions of [R rows, L] sit in a packed [G documents, M slots] layout."""
+
+    index: torch.Tensor            # [K] flat packed position (doc * M + slot) of each kept position
+    keep: Optional[torch.Tensor]   # [R * L] kept positions (None = all)
+    rows: int
+    length: int                    # L
+    docs: int                      # G
+    slots: int                     # M
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """[R, L, ...] -> [G, M, ...], zeros in empty slots."""
+        flat = x.reshape(self.rows * self.length, *x.shape[2:])
+        if self.keep is not None:
+            flat = flat[self.keep]
+        out = flat.new_zeros(self.docs * self.slots, *x.shape[2:])
+        return out.index_copy(0, self.index, flat).view(self.docs, self.slots, *x.shape[2:])
+
+    def unpack(self, y: torch.Tensor) -> torch.Tensor:
+        """[G, M, ...] -> [R, L, ...], zeros at positions that were not kept."""
+        picked = y.reshape(self.docs * self.slots, *y.shape[2:]).index_select(0, self.index)
+        if self.keep is None:
+            return picked.view(self.rows, self.length, *y.shape[2:])
+        out = picked.new_zeros(self.rows * self.length, *y.shape[2:])
+        out[self.keep] = picked
+        return out.view(self.rows, self.length, *y.shape[2:])
+
+    def padding(self) -> torch.Tensor:
+        """[G, M] True at empty slots."""
+        pad = torch.ones(self.docs * self.slots, dtype=torch.bool, device=self.index.device)
+        pad[self.index] = False
+        return pad.view(self.docs, self.slots)
+
+
+def plan_packing(row_doc: torch.Tensor, n_docs: int, length: int = 1,
+                 keep: Optional[torch.Tensor] = None) -> Packing:
+    """Packing of [R, length] positions (only ``keep`` [R, length] where given) by document
+    ``row_doc`` [R]; positions keep their row-major order inside a document."""
+    rows = row_doc.numel()
+    doc = row_doc.repeat_interleave(length)
+    flat_keep = None if keep is None else keep.reshape(-1)
+    if flat_keep is not None:
+        doc = doc[flat_keep]
+    slot, counts = group_slots(doc, n_docs)
+    slots = max(int(counts.max()), 1) if counts.numel() else 1
+    return Packing(doc * slots + slot, flat_keep, rows, length, n_docs, slots)
+
+
+@dataclass
+class DocumentMemory:
+    """Keys/values of one attention over every document's packed sequence (one cache per layer)."""
+
+    kv: KV                   # [G, H, N, d_head] each
+    mask: torch.Tensor       # [G, 1, 1, N] True at real positions
+
+
+def document_memory(attn: MultiHeadAttention, memory: torch.Tensor, pad: torch.Tensor) -> DocumentMemory:
+    """Project packed document sequences [G, N, D] (``pad`` [G, N]) for ``attend_documents``."""
+    return DocumentMemory(attn.memory_kv(memory), (~pad)[:, None, None, :])
+
+
+def attend_documents(attn: MultiHeadAttention, h: torch.Tensor, row_doc: torch.Tensor,
+                     memory: DocumentMemory, probe: Optional[str] = None) -> torch.Tensor:
+    """Cross-attention of every row's queries h [R, T, D] over its own document's memory.
+
+    The rows of a document are packed into one query sequence [G, M·T] so the document's keys and
+    values are used once, not copied per row (a document of n sentences would otherwise hold n
+    copies). Returns [R, T, D]."""
+    rows, t, _ = h.shape
+    packing = plan_packing(row_doc, memory.mask.size(0), t)
+    q = attn.project_q(h).transpose(1, 2)                              # [R, T, H, d]
+    q = packing.pack(q).transpose(1, 2)                                # [G, H, M·T, d]
+    query_probe: Optional[Probe] = None
+    if probe is not None:
+        query_probe = (probe, ~packing.padding())
+    out = attn.attend(q, memory.kv[0], memory.kv[1], memory.mask, probe=query_probe)   # [G, M·T, D]
+    return packing.unpack(out)

@@ -1,0 +1,213 @@
+"""Multi-head highly parallelized LSTM (Xu et al., 2021, "Multi-Head Highly Parallelized LSTM
+Decoder for Neural Machine Translation", sec. 3, eqs. 9–21).
+
+Everything with a weight matrix (input projection, gates, hidden state, output gate, output
+projection) depends only on the current input and the bag-of-words prefix sum of the previous
+inputs, so it is computed for the whole sequence at once. What remains sequential is the
+element-wise cell recurrence ``c_t = c_{t−1} ⊙ f_t + h_r,t`` (eq. 16), a linear recurrence run by
+:func:`linear_scan` (a TorchScript loop with a hand-written backward, the fastest exact candidate
+on CPU: docs/benchmarks.md, "MHPLSTM: the cell scan").
+
+The heads are independent HPLSTMs (eq. 20); their weights are stored per head and applied as one
+batched matrix product over heads (:class:`GroupedLinear`), never as a Python loop. Tensors inside
+the module are head-major, ``[H, T, B, d]``: the grouped products see ``[H, T·B, d]`` without a
+copy, and the scan walks time slices ``[H, B, d]`` in place.
+
+Incremental decoding carries only ``(running input sum, cell)`` per layer, ``[B, D]`` each,
+whatever the prefix length.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from onmt_doc.modules.dropout import Dropout
+
+# (running sum of the inputs i over the prefix, cell c of the last position), both [B, D]
+HPLSTMState = tuple[torch.Tensor, torch.Tensor]
+
+
+class GroupedLinear(nn.Module):
+    """``heads`` independent linear maps ``in → out`` as one batched matmul over ``[H, N, in]``.
+
+    The weight is stored 2-D (``[H·in, out]``, viewed as ``[H, in, out]``) and the bias 1-D, so
+    the builder's Xavier re-initialisation treats the weight like a dense map of the concatenated
+    heads and leaves the bias alone.
+    """
+
+    def __init__(self, heads: int, d_in: int, d_out: int):
+        super().__init__()
+        self.heads, self.d_in, self.d_out = heads, d_in, d_out
+        self.weight = nn.Parameter(torch.empty(heads * d_in, d_out))
+        self.bias = nn.Parameter(torch.zeros(heads * d_out))
+        nn.init.xavier_uniform_(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[H, N, in] -> [H, N, out]."""
+        w = self.weight.view(self.heads, self.d_in, self.d_out)
+        return torch.baddbmm(self.bias.view(self.heads, 1, self.d_out), x, w)
+
+
+class GroupedLayerNorm(nn.Module):
+    """Layer norm over the last ``dim`` features of ``[H, ..., dim]`` (``[H, ..., parts, dim]``
+    for several parts) with its own gain and bias per head and part; 1-D parameters, so the
+    builder's Xavier re-initialisation leaves them at ones and zeros."""
+
+    def __init__(self, heads: int, dim: int, parts: int = 1, eps: float = 1e-5):
+        super().__init__()
+        self.heads, self.dim, self.eps = heads, dim, eps
+        self.tail = (parts, dim) if parts > 1 else (dim,)
+        self.weight = nn.Parameter(torch.ones(heads * parts * dim))
+        self.bias = nn.Parameter(torch.zeros(heads * parts * dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = (self.heads,) + (1,) * (x.dim() - 1 - len(self.tail)) + self.tail
+        y = F.layer_norm(x, (self.dim,), eps=self.eps)
+        return torch.addcmul(self.bias.view(shape), y, self.weight.view(shape))
+
+
+# ----------------------------------------------------------------------------- the cell scan
+
+
+def scan_forward_loop(f: torch.Tensor, hr: torch.Tensor, c0: torch.Tensor) -> torch.Tensor:
+    """c_t = c_{t-1} ⊙ f_t + hr_t along dim 1 (eq. 16), from c0; no autograd inside."""
+    c = torch.empty_like(hr)
+    prev = c0
+    for t in range(f.size(1)):
+        prev = torch.addcmul(hr[:, t], f[:, t], prev)
+        c[:, t] = prev
+    return c
+
+
+def scan_backward_loop(f: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """dL/dc_t in total: grad_t + f_{t+1} ⊙ dL/dc_{t+1}, the same recurrence run backwards."""
+    total = torch.empty_like(grad)
+    last = f.size(1) - 1
+    acc = grad[:, last]
+    total[:, last] = acc
+    for t in range(last - 1, -1, -1):
+        acc = torch.addcmul(grad[:, t], f[:, t + 1], acc)
+        total[:, t] = acc
+    return total
+
+
+def _compiled(fn):
+    """``fn`` compiled with TorchScript: measured fastest (docs/benchmarks.md), deprecated in torch
+    2.13 (its DeprecationWarning is silenced here; the plain loops are the documented fallback)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return torch.jit.script(fn)
+
+
+class LinearScan(torch.autograd.Function):
+    """Eq. 16 with a hand-written backward: the loops run without recording an autograd graph;
+    ``kernels`` are the (forward, backward) loops (compiled by default)."""
+
+    kernels = (_compiled(scan_forward_loop), _compiled(scan_backward_loop))
+
+    @classmethod
+    def forward(cls, ctx, f: torch.Tensor, hr: torch.Tensor, c0: torch.Tensor) -> torch.Tensor:
+        c = cls.kernels[0](f, hr, c0)
+        ctx.save_for_backward(f, c, c0)
+        return c
+
+    @classmethod
+    def backward(cls, ctx, grad: torch.Tensor):
+        f, c, c0 = ctx.saved_tensors
+        total = cls.kernels[1](f, grad.contiguous())
+        previous = torch.cat([c0.unsqueeze(1), c[:, :-1]], dim=1)          # c_{t-1}
+        return total * previous, total, total[:, 0] * f[:, 0]
+
+
+def linear_scan(f: torch.Tensor, hr: torch.Tensor, c0: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """All cells of eq. 16 for ``f``, ``hr`` ``[G, T, ...]`` (time on dim 1); ``c0`` ``[G, ...]``
+    is the cell before the first step (zeros if None). Exact: the same multiply-adds as a
+    step-by-step loop, no division or logarithm of the gates, so f → 0 cannot underflow into
+    NaNs or infinities."""
+    if c0 is None:
+        c0 = torch.zeros_like(hr[:, 0])
+    if f.size(1) == 1:                       # a decoding step: no scan machinery
+        return torch.addcmul(hr, f, c0.unsqueeze(1))
+    return LinearScan.apply(f, hr, c0)
+
+
+# ----------------------------------------------------------------------------- the module
+
+
+class MultiHeadHPLSTM(nn.Module):
+    """MHPLSTM sublayer ``[B, T, D] -> [B, T, D]``, causal, replacing decoder self-attention."""
+
+    def __init__(self, d_model: int, heads: int, dropout: float, hidden_layers: int = 2,
+                 hidden_ratio: int = 4):
+        super().__init__()
+        if d_model % heads:
+            raise ValueError(f"d_model {d_model} is not divisible by {heads} heads")
+        if hidden_layers not in (1, 2):
+            raise ValueError(f"hidden_layers must be 1 or 2, got {hidden_layers}")
+        self.heads, self.d_head = heads, d_model // heads
+        d = self.d_head
+        self.d_hidden = hidden_ratio * d if hidden_layers == 2 else d
+        self.split = nn.Linear(d_model, d_model)                         # eq. 19: W_s
+        self.sum_norm = GroupedLayerNorm(heads, d)                       # eq. 10: LN(s)
+        # eqs. 11, 12, 13/14 read the same v: one product for both gates and the hidden layer
+        self.gates_hidden = GroupedLinear(heads, 2 * d, 2 * d + self.d_hidden)
+        self.gate_norm = GroupedLayerNorm(heads, d, parts=2)             # LN of eqs. 11, 12
+        self.hidden_norm = GroupedLayerNorm(heads, self.d_hidden)         # LN of eq. 13/14
+        self.hidden_out = GroupedLinear(heads, self.d_hidden, d) if hidden_layers == 2 else None
+        self.hidden_dropout = Dropout(dropout)
+        self.out_gate = GroupedLinear(heads, 2 * d, d)                   # eq. 17: W_o
+        self.out_gate_norm = GroupedLayerNorm(heads, d)
+        self.merge = nn.Linear(d_model, d_model)                         # eq. 21: W_m
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, T, D] -> [H, T, B, d]."""
+        b, t, _ = x.shape
+        return x.view(b, t, self.heads, self.d_head).permute(2, 1, 0, 3)
+
+    def _batch_first(self, x: torch.Tensor) -> torch.Tensor:
+        """[H, T, B, d] -> [B, T, D]."""
+        h, t, b, d = x.shape
+        return x.permute(2, 1, 0, 3).reshape(b, t, h * d)
+
+    def _state_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, D] state -> [H, 1, B, d]."""
+        return self._heads(x.unsqueeze(1))
+
+    def _hidden(self, pre: torch.Tensor) -> torch.Tensor:
+        """h from the hidden part of the fused product: eq. 14 (2 layers) or eq. 13 (1 layer)."""
+        a = torch.relu(self.hidden_norm(pre))                            # α(LN(W_h1 v + b_h1)), α = ReLU
+        if self.hidden_out is None:
+            return a                                                     # eq. 13
+        return self.hidden_out(self.hidden_dropout(a))                   # eq. 14: W_h2 α(·) + b_h2
+
+    def forward(self, x: torch.Tensor, state: Optional[HPLSTMState] = None
+                ) -> tuple[torch.Tensor, HPLSTMState]:
+        """Outputs for ``x`` [B, T, D] following the prefix summarised by ``state`` (None: no
+        prefix), and the state after position T (what decoding carries; target padding sits at
+        the end of a row, so it never reaches a real position)."""
+        h, d = self.heads, self.d_head
+        i = self._heads(self.split(x)).contiguous()                      # eq. 19: [H, T, B, d]
+        _, t, b, _ = i.shape
+        # eq. 9: exclusive prefix sum s_t = Σ_{k<t} i_k (s_1 = 0), continued from the state
+        start = torch.zeros_like(i[:, :1]) if state is None else self._state_heads(state[0])
+        c0 = None if state is None else self._state_heads(state[1])[:, 0]
+        if t == 1:                                                       # a decoding step
+            s, total = start, i + start
+        else:
+            total = torch.cumsum(i, dim=1) if state is None else torch.cumsum(i, dim=1) + start
+            s = torch.cat([start, total[:, :-1]], dim=1)
+        v = torch.cat([i, self.sum_norm(s)], dim=-1)                     # eq. 10: v = i | LN(s)
+        fused = self.gates_hidden(v.view(h, t * b, 2 * d))              # [H, T·B, 2d + hidden]
+        gates = torch.sigmoid(self.gate_norm(fused[..., :2 * d].unflatten(-1, (2, d))))  # eqs. 11, 12
+        in_gate, forget_gate = gates.unbind(2)                           # [H, T·B, d] each
+        hr = self._hidden(fused[..., 2 * d:]) * in_gate                  # eq. 15: h_r = h ⊙ i_g
+        c = linear_scan(forget_gate.view(h, t, b, d), hr.view(h, t, b, d), c0)   # eq. 16
+        ic = torch.cat([i, c], dim=-1).view(h, t * b, 2 * d)
+        out_gate = torch.sigmoid(self.out_gate_norm(self.out_gate(ic)))  # eq. 17
+        o = c * out_gate.view(h, t, b, d)                                # eq. 18: o = c ⊙ o_g
+        new_state = (self._batch_first(total[:, -1:])[:, 0], self._batch_first(c[:, -1:])[:, 0])
+        return self.merge(self._batch_first(o)), new_state              # eq. 21: heads concatenated, W_m
