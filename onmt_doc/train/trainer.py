@@ -428,6 +428,11 @@ def train(cfg: Config) -> dict:
     ctx = distributed.init_distributed(cfg.train.device)
     try:
         set_threads(cfg, ctx)
-        return Trainer(cfg, ctx).train()
+        result = Trainer(cfg, ctx).train()
+        # every rank waits for rank 0's last checkpoint before the process group is torn down: a
+        # rank that tears down early can abort in Gloo's teardown ("terminate called without an
+        # active exception", seen once in CI in the two-process resume test)
+        distributed.barrier(ctx)
+        return result
     finally:
         distributed.shutdown(ctx)
