@@ -60,6 +60,17 @@ def timed(cmd: list[str], log_path: str, threads: int) -> tuple[float, float, st
     return wall, rss, proc.stderr
 
 
+def recipe_arguments(p: argparse.ArgumentParser, out: str, steps: int) -> None:
+    """The options ``base_config`` reads (shared by the Multi30k benchmarks built on it)."""
+    p.add_argument("--out", default=out)
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--d_model", type=int, default=256)
+    p.add_argument("--layers", type=int, default=3)
+    p.add_argument("--batch_tokens", type=int, default=2048)
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--threads", type=int, default=2)
+
+
 def base_config(args, run_dir: str) -> dict:
     return {
         "data": {"train": {"src": f"{M30K}/train.en", "tgt": f"{M30K}/train.de"},
@@ -134,15 +145,9 @@ def count_tokens(path: str, codec_cfg: str) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="runs/bench_context_gates")
-    p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--d_model", type=int, default=256)
-    p.add_argument("--layers", type=int, default=3)
-    p.add_argument("--batch_tokens", type=int, default=2048)
-    p.add_argument("--warmup", type=int, default=100)
+    recipe_arguments(p, "runs/bench_context_gates", 400)
     p.add_argument("--weight", type=float, default=1.0, help="λ of the hinge loss")
     p.add_argument("--norm", default="paper", choices=["paper", "pre", "post"], help="gated decoder's norm placement")
-    p.add_argument("--threads", type=int, default=2)
     p.add_argument("--concat", type=int, default=100000, help="pairs of the PMI counting benchmark")
     p.add_argument("--no-concat", dest="concat", action="store_const", const=0)
     p.add_argument("--models", default="transformer,context_gates,regularized",

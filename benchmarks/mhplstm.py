@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from context_gates import M30K, base_config, log, timed, write_yaml  # noqa: E402
+from context_gates import M30K, base_config, log, recipe_arguments, timed, write_yaml  # noqa: E402
 
 NEWS = "/work/shared/data/news-sent-en-de/newstest2008-2013.en"
 BUCKETS = [(0, 15), (15, 30), (30, 45), (45, 10 ** 6)]
@@ -206,13 +206,7 @@ def time_training(configs: dict, out: str, steps: int) -> dict[str, float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="runs/bench_mhplstm")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--d_model", type=int, default=256)
-    p.add_argument("--layers", type=int, default=3)
-    p.add_argument("--batch_tokens", type=int, default=2048)
-    p.add_argument("--warmup", type=int, default=100)
-    p.add_argument("--threads", type=int, default=2)
+    recipe_arguments(p, "runs/bench_mhplstm", 300)
     p.add_argument("--rounds", type=int, default=3, help="timing repeats (median)")
     p.add_argument("--per_bucket", type=int, default=64, help="sentences per source-length bucket")
     p.add_argument("--timing_steps", type=int, default=20, help="training steps timed per model")
