@@ -590,6 +590,8 @@ def main() -> None:
                    help="seconds of CPU each training gets before the other one's turn (never both at once)")
     p.add_argument("--translate-rounds", type=int, default=2,
                    help="timed translations per toolkit, alternating onmt_doc / OpenNMT-py+CT2")
+    p.add_argument("--no-bf16", dest="bf16", action="store_false",
+                   help="skip the extra onmt_doc translation rounds with -dtype bfloat16")
     p.add_argument("--quiet-threshold", type=float, default=0.15,
                    help="an interval/translation is clean when other processes used fewer CPU cores")
     p.add_argument("--busy-threshold", type=float, default=0.5,
@@ -705,6 +707,7 @@ def main() -> None:
     translate_cmd = tool("onmt_doc_translate") + [
         "-model", ckpt, "-src", raw["test2016"]["en"], "-tgt", raw["test2016"]["de"], "-beam", str(args.beam),
         "-batch_size", str(args.tbatch), "-threads", str(args.threads), "-output", ours_hyp]
+    translate_bf16_cmd = [a if a != ours_hyp else ours_hyp + ".bf16" for a in translate_cmd] + ["-dtype", "bfloat16"]
     env = dict(os.environ, STEPS=str(args.steps), LAYERS="3", DMODEL="256", HEADS="4", FF="1024", DROPOUT="0.1",
                BATCH_TOKENS=str(args.onmt_batch_tokens), WARMUP=str(args.warmup), LR=str(args.lr),
                BEAM=str(args.beam), TBATCH=str(args.tbatch), THREADS=str(args.threads), VOCAB_SIZE="32768",
@@ -757,6 +760,13 @@ def main() -> None:
                 log("  disturbed by other processes: this translation is timed again")
                 phases.setdefault("translate_ours_disturbed", []).append(r)
                 continue
+            if args.bf16:
+                MONITOR.wait_quiet(args.max_wait, threshold=thr)
+                r = run_logged("onmt_doc_translate -dtype bfloat16", translate_bf16_cmd,
+                               os.path.join(ours_dir, f"translate_bf16.{tries}.log"), args, echo=r"translated|BLEU|error")
+                r["translate_s"] = float(re.search(r"translated .* in ([\d.]+)s", "\n".join(l for _, l in r["lines"])).group(1))
+                r["translate_foreign"], r["translate_stopped"] = r["foreign"], r["stopped"]
+                phases.setdefault("translate_ours_bf16", []).append(r)
             clean_onmt = [a for a in phases["onmt"] if a["translate_foreign"] < thr and not a["translate_stopped"]]
             if len(clean_onmt) < args.translate_rounds:
                 MONITOR.wait_quiet(args.max_wait, threshold=thr)
@@ -779,6 +789,11 @@ def main() -> None:
     ours["translate_s"], ours["translate_runs"] = clean_mean(phases["translate_ours"], "translate_s",
                                                              "translate_foreign", "translate_stopped", thr)
     ours["sent_s"] = n_test / ours["translate_s"]
+    if phases.get("translate_ours_bf16"):
+        t16, runs16 = clean_mean(phases["translate_ours_bf16"], "translate_s", "translate_foreign", "translate_stopped", thr)
+        text16 = "\n".join(line for _, line in phases["translate_ours_bf16"][-1]["lines"])
+        ours["bf16"] = {"translate_s": t16, "runs": runs16, "sent_s": n_test / t16,
+                        "bleu": float(re.search(r"BLEU ([\d.]+)", text16).group(1))}
     text = "\n".join(line for _, line in phases["translate_ours"][-1]["lines"])
     m = re.search(r"BLEU ([\d.]+) \| chrF ([\d.]+)", text)
     ours["bleu"], ours["chrf"] = float(m.group(1)), float(m.group(2))
@@ -853,6 +868,9 @@ def main() -> None:
         f"| **translation: sentences / s** (beam {args.beam}, {args.tbatch} sents/batch, load excluded) | "
         f"{ours['sent_s']:.1f} | {theirs['sent_s']:.1f} | **{r_trans:.2f}×** | ≥ {TARGETS['translate']}× | "
         f"{ok(r_trans >= TARGETS['translate'])} | {c('fp32', 'sent_s', '.1f')} | {c('int8', 'sent_s', '.1f')} |",
+        *([f"| translation: sentences / s, onmt_doc `-dtype bfloat16` (BLEU {ours['bf16']['bleu']:.2f}) vs "
+           f"OpenNMT-py float32 | {ours['bf16']['sent_s']:.1f} | {theirs['sent_s']:.1f} | "
+           f"{ours['bf16']['sent_s'] / theirs['sent_s']:.2f}× | | | | |"] if "bf16" in ours else []),
         f"| translation time, s ({n_test} sentences) | {ours['translate_s']:.1f} | {theirs['translate_s']:.2f} | | | | "
         f"{c('fp32', 'translate_s', '.2f')} | {c('int8', 'translate_s', '.2f')} |",
         f"| output subwords (test2016) | {ours['hyp_subwords']} | {theirs['hyp_subwords']} | | | | | |",
@@ -897,7 +915,10 @@ def main() -> None:
         f"{ours['translate_runs']} s, OpenNMT-py {theirs['translate_runs']} s; CT2 is the median of 3 runs after "
         f"loading per round ({ct2.get('fp32', {}).get('runs')} s fp32). Length penalty: onmt_doc GNMT α=1, "
         "OpenNMT-py `avg`, CT2 length_penalty 1. Output lengths differ (different models), so sentences/s also "
-        "reflects how long the hypotheses are; onmt_doc also decodes its <s> and </s> markup (2 extra steps).",
+        "reflects how long the hypotheses are; onmt_doc also decodes its <s> and </s> markup (2 extra steps; its first two steps, <bos> and the "
+        "forced <s>, run one row per sentence instead of one per beam)." + (
+            f" The bfloat16 row translates the same float32 checkpoint in bfloat16 (`-dtype bfloat16`, this CPU has "
+            f"AMX), runs {ours['bf16']['runs']} s." if "bf16" in ours else ""),
         "Parameters: OpenNMT-py 3.5 Transformers have no biases in the attention and FFN projections by default "
         "(`add_qkvbias`/`add_ffnbias` off); onmt_doc has them.",
     ]

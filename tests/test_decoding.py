@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from onmt_doc.data.vocab import EOS_ID, PAD_ID
+from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, PAD_ID, SOS_ID
 from onmt_doc.decoders.base import LengthLimit
 from onmt_doc.models.model import full_log_probs
 from onmt_doc.translate.beam_search import BeamSearch, length_penalty
@@ -117,7 +117,8 @@ def test_beam_scores_equal_forced_decoding():
 
 
 def test_greedy_equals_argmax_of_forced_pass():
-    """Beam 1 picks, at every step, the argmax of the teacher-forced distribution of its own output."""
+    """Beam 1 picks, at every step, the argmax of the teacher-forced distribution of its own output
+    (sentence markup: ``<s>`` after ``<bos>``, ``<eos>`` after ``</s>`` and at the length cap)."""
     model, _ = random_model(TRANSFORMER, seed=5)
     batch = random_batch(SIZES)
     with torch.no_grad():
@@ -130,8 +131,9 @@ def test_greedy_equals_argmax_of_forced_pass():
         max_len = model.decoder.max_output_lengths(batch, LengthLimit(1.0, 5))
         for t in range(int(max_len.max()) + 1):
             lp, state = model.step(tokens, state)
-            lp[max_len <= t] = torch.where(torch.arange(lp.size(1)) == EOS_ID, 0.0, float("-inf"))
-            tokens = lp.argmax(-1)
+            forced = torch.where(tokens == BOS_ID, SOS_ID, torch.where(tokens == EOS_SENT_ID, EOS_ID, -1))
+            forced[max_len <= t] = EOS_ID
+            tokens = torch.where(forced >= 0, forced, lp.argmax(-1))
             for i in range(len(SIZES)):
                 if not done[i]:
                     if tokens[i] == EOS_ID:
@@ -154,3 +156,18 @@ def test_finished_sentences_leave_the_batch_without_changing_results():
                 src_groups=batch.src_groups[i:i + 1, : int(batch.src[i].ne(PAD_ID).sum())]))
             assert alone[0][0].tokens == together[i][0].tokens
             assert abs(alone[0][0].score - together[i][0].score) < 1e-4
+
+
+def test_sentence_hypotheses_follow_the_markup():
+    """Every hypothesis of a sentence model is ``<s> … </s>`` (``</s>`` only last) or was cut at
+    the length cap, even from an untrained model that prefers other tokens."""
+    model, _ = random_model(TRANSFORMER, seed=11)
+    batch = random_batch(SIZES, seed=2)
+    with torch.no_grad():
+        results = BeamSearch(beam=3, n_best=3, max_len_ratio=1.0, max_len_add=6).search(model, batch)
+    caps = model.decoder.max_output_lengths(batch, LengthLimit(1.0, 6))
+    for hyps, cap in zip(results, caps.tolist()):
+        for h in hyps:
+            assert h.tokens[0] == SOS_ID
+            assert EOS_SENT_ID not in h.tokens[:-1]
+            assert h.tokens[-1] == EOS_SENT_ID or len(h.tokens) == cap

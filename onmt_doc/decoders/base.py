@@ -34,6 +34,14 @@ class LengthLimit:
         return (src_len.float() * self.ratio).long() + self.add
 
 
+def force_tokens(log_probs: torch.Tensor, force: torch.Tensor) -> torch.Tensor:
+    """Rows with ``force`` ≥ 0 may only continue with that token, which keeps its model score
+    (so hypothesis scores stay the model's log-probabilities); rows with -1 are unchanged."""
+    index = force.clamp(min=0)[:, None]
+    only = torch.full_like(log_probs, float("-inf")).scatter_(1, index, log_probs.gather(1, index))
+    return torch.where(force.ge(0)[:, None], only, log_probs)
+
+
 class Decoder(nn.Module):
     unit: ClassVar[str] = "sentence"
     needs: ClassVar[tuple[str, ...]] = ()      # EncoderOut.extra keys it reads (checked when building)

