@@ -69,3 +69,4 @@ def test_no_targets():
     loss, nll, correct = label_smoothed_nll(logits, torch.zeros(0, dtype=torch.long), 0.1)
     loss.sum().backward()
     assert loss.shape == (0,) and logits.grad.shape == (0, 10)
+
