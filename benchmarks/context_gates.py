@@ -111,6 +111,26 @@ def write_yaml(cfg: dict, path: str) -> str:
     return path
 
 
+def prepare_run(cfg: dict, out: str, name: str) -> tuple[str, str]:
+    """Give a model's run folder the shared vocabulary (``<out>/vocab``) and write its config;
+    returns (config path, last checkpoint path)."""
+    run_dir = cfg["log"]["dir"]
+    os.makedirs(run_dir, exist_ok=True)
+    for f in ("subword.model", "vocab.txt"):
+        shutil.copyfile(f"{out}/vocab/{f}", f"{run_dir}/{f}")
+    return write_yaml(cfg, f"{out}/{name}/config.yaml"), f"{run_dir}/checkpoints/last.pt"
+
+
+def write_results(out: str, results: dict, render) -> None:
+    """``<out>/results.json`` and the rendered ``<out>/results.md``, and print the report."""
+    with open(f"{out}/results.json", "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=1)
+    report = render(results)
+    with open(f"{out}/results.md", "w", encoding="utf-8") as f:
+        f.write(report)
+    print(report)
+
+
 def write_concat(path: str, limit: int) -> int:
     """Up to ``limit`` en→de pairs of the shared sets (blank lines dropped), multi30k train
     repeated at the end to reach ``limit``."""
@@ -181,12 +201,7 @@ def main() -> None:
         results["pmi"] = count_pmi(args, out, vocab_cfg, run)
     if args.only != "pmi":
         results["models"] = train_models(args, out, run)
-    with open(f"{out}/results.json", "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=1)
-    report = render(results)
-    with open(f"{out}/results.md", "w", encoding="utf-8") as f:
-        f.write(report)
-    print(report)
+    write_results(out, results, render)
 
 
 def count_pmi(args, out: str, vocab_cfg: str, run) -> dict:
@@ -216,11 +231,7 @@ def train_models(args, out: str, run) -> dict:
         if name not in args.models.split(","):
             continue
         run_dir = cfg["log"]["dir"]
-        os.makedirs(run_dir, exist_ok=True)
-        for f in ("subword.model", "vocab.txt"):
-            shutil.copyfile(f"{out}/vocab/{f}", f"{run_dir}/{f}")
-        path = write_yaml(cfg, f"{out}/{name}/config.yaml")
-        ckpt = f"{run_dir}/checkpoints/last.pt"
+        path, ckpt = prepare_run(cfg, out, name)
         row: dict = {}
         if not os.path.exists(ckpt):
             row["train_seconds"], _, err = run(f"{name}_train", [shutil.which("onmt_doc_train") or "onmt_doc_train",

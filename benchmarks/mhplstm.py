@@ -17,7 +17,6 @@ CPU scale): same encoder, sizes, vocabulary, batches, schedule and steps.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import re
@@ -32,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from context_gates import M30K, base_config, log, recipe_arguments, timed, write_yaml  # noqa: E402
+from context_gates import M30K, base_config, log, prepare_run, recipe_arguments, timed, write_results, write_yaml  # noqa: E402
 
 NEWS = "/work/shared/data/news-sent-en-de/newstest2008-2013.en"
 BUCKETS = [(0, 15), (15, 30), (30, 45), (45, 10 ** 6)]
@@ -53,11 +52,7 @@ def model_configs(args, out: str) -> dict[str, dict]:
 def train_and_score(args, out: str, name: str, cfg: dict) -> dict:
     """Train (unless a checkpoint exists) and translate test2016; parameters, BLEU, log rate."""
     run_dir = cfg["log"]["dir"]
-    os.makedirs(run_dir, exist_ok=True)
-    for f in ("subword.model", "vocab.txt"):
-        shutil.copyfile(f"{out}/vocab/{f}", f"{run_dir}/{f}")
-    path = write_yaml(cfg, f"{out}/{name}/config.yaml")
-    ckpt = f"{run_dir}/checkpoints/last.pt"
+    path, ckpt = prepare_run(cfg, out, name)
     row: dict = {"config": path, "checkpoint": ckpt}
     if not os.path.exists(ckpt):
         cmd = [shutil.which("onmt_doc_train") or "onmt_doc_train", "-config", path]
@@ -251,12 +246,7 @@ def main() -> None:
     decoding[f"long outputs ({args.long_steps} steps)"] = {
         "sentences": long_batch.size, **time_long_outputs(models, long_batch, args.long_steps, args.rounds)}
     results.update(models=rows, decoding=decoding)
-    with open(f"{out}/results.json", "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=1)
-    report = render(results)
-    with open(f"{out}/results.md", "w", encoding="utf-8") as f:
-        f.write(report)
-    print(report)
+    write_results(out, results, render)
 
 
 def render(results: dict) -> str:

@@ -34,19 +34,17 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 
-import yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from context_gates import log, prepare_run, write_results, write_yaml  # noqa: E402
+
 M30K = "/work/shared/data/multi30k-en-de"
 LOCK = "/tmp/onmt_bench.lock"
 PAPER_SPEED = {"reformer_base": 0.47, "reformer_fast": 0.73}
 GOAL_FAST = 0.75
-
-
-def log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 def run_logged(cmd: list[str], log_path: str, threads: int) -> str:
@@ -93,13 +91,6 @@ def config(args, run_dir: str, section: dict) -> dict:
         "translate": {"beam": args.beam, "batch_sentences": 32},
         "log": {"dir": run_dir, "tensorboard": False, "every": 10},
     }
-
-
-def write_yaml(cfg: dict, path: str) -> str:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        yaml.safe_dump(cfg, f, sort_keys=False)
-    return path
 
 
 def head(path: str, lines: int, out: str, tag: str = "test") -> str:
@@ -218,11 +209,7 @@ def main() -> None:
     ckpts = {}
     for name, section in sections.items():
         run_dir = f"{out}/{name}/run"
-        os.makedirs(run_dir, exist_ok=True)
-        for f in ("subword.model", "vocab.txt"):
-            shutil.copyfile(f"{out}/vocab/{f}", f"{run_dir}/{f}")
-        path = write_yaml(config(args, run_dir, section), f"{out}/{name}/config.yaml")
-        ckpts[name] = f"{run_dir}/checkpoints/last.pt"
+        path, ckpts[name] = prepare_run(config(args, run_dir, section), out, name)
         log_path = f"{out}/{name}_train.log"
         if os.path.exists(ckpts[name]):
             with open(log_path, encoding="utf-8") as f:
@@ -249,12 +236,7 @@ def main() -> None:
             row["decode_vs_transformer"] = statistics.median(times["transformer"]) / row["decode_s"]
     results["memory"] = memory_per_token(args, sections)
     merge_earlier(results, f"{out}/results.json")
-    with open(f"{out}/results.json", "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=1)
-    report = render(results)
-    with open(f"{out}/results.md", "w", encoding="utf-8") as f:
-        f.write(report)
-    print(report)
+    write_results(out, results, render)
 
 
 def merge_earlier(results: dict, path: str) -> None:
