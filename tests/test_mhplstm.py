@@ -31,45 +31,63 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> tor
     return (x - x.mean()) / torch.sqrt(x.var(unbiased=False) + 1e-5) * weight + bias
 
 
-def reference_row(m: MultiHeadHPLSTM, x: torch.Tensor) -> torch.Tensor:
-    """Eqs. 9–21 for one unpadded row x [T, D], one position and one head at a time."""
+def normed(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, over_heads: bool) -> torch.Tensor:
+    """Layer norm of [H, F]: each head's row on its own, or the whole block as one group."""
+    if over_heads:
+        return layer_norm(x.reshape(-1), weight.reshape(-1), bias.reshape(-1)).view_as(x)
+    return torch.stack([layer_norm(x[k], weight[k], bias[k]) for k in range(x.size(0))])
+
+
+def reference_row(m: MultiHeadHPLSTM, x: torch.Tensor, over_heads: bool = False) -> torch.Tensor:
+    """Eqs. 9–21 for one unpadded row x [T, D], one position at a time. Layer norms per head, or
+    (``over_heads``) over all heads as the released code groups them: LN(s), the output gate and
+    eq. 14's hidden layer over d_model; both gates together; with eq. 13 both gates and h together."""
     h, d = m.heads, m.d_head
     hid = m.d_hidden
+    joint = over_heads and m.hidden_out is None
     w_v = m.gates_hidden.weight.view(h, 2 * d, 2 * d + hid)
     b_v = m.gates_hidden.bias.view(h, 2 * d + hid)
     w_o, b_o = m.out_gate.weight.view(h, 2 * d, d), m.out_gate.bias.view(h, d)
-    g_s, g_g, g_h, g_o = (n.weight.view(h, -1) for n in (m.sum_norm, m.gate_norm, m.hidden_norm, m.out_gate_norm))
-    a_s, a_g, a_h, a_o = (n.bias.view(h, -1) for n in (m.sum_norm, m.gate_norm, m.hidden_norm, m.out_gate_norm))
+    norms = [m.sum_norm, m.gate_norm, m.out_gate_norm] + ([] if joint else [m.hidden_norm])
+    g_s, g_g, g_o, *g_h = (n.weight.view(h, -1) for n in norms)
+    a_s, a_g, a_o, *a_h = (n.bias.view(h, -1) for n in norms)
     inputs = m.split(x)                                                   # eq. 19
-    rows = []
+    rows, c = [], torch.zeros(h, d)
     for t in range(x.size(0)):
-        heads = []
-        for k in range(h):
-            hd = slice(k * d, (k + 1) * d)
-            i = inputs[t, hd]
-            s = sum((inputs[j, hd] for j in range(t)), torch.zeros(d))   # eq. 9: s_1 = 0
-            v = torch.cat([i, layer_norm(s, g_s[k], a_s[k])])            # eq. 10
-            pre = v @ w_v[k] + b_v[k]
-            i_g = torch.sigmoid(layer_norm(pre[:d], g_g[k, :d], a_g[k, :d]))         # eq. 11
-            f_g = torch.sigmoid(layer_norm(pre[d:2 * d], g_g[k, d:], a_g[k, d:]))    # eq. 12
-            hidden = torch.relu(layer_norm(pre[2 * d:], g_h[k], a_h[k]))             # eq. 13
-            if m.hidden_out is not None:                                              # eq. 14
-                hidden = hidden @ m.hidden_out.weight.view(h, hid, d)[k] + m.hidden_out.bias.view(h, d)[k]
-            prev = heads_c[k] if t else torch.zeros(d)
-            c = prev * f_g + hidden * i_g                                 # eqs. 15, 16
-            o_g = torch.sigmoid(layer_norm(torch.cat([i, c]) @ w_o[k] + b_o[k], g_o[k], a_o[k]))  # eq. 17
-            heads.append((c, c * o_g))                                   # eq. 18
-        heads_c = [c for c, _ in heads]
-        rows.append(m.merge(torch.cat([o for _, o in heads])))          # eq. 21
+        i = inputs[t].view(h, d)
+        s = inputs[:t].sum(0).view(h, d) if t else torch.zeros(h, d)     # eq. 9: s_1 = 0
+        v = torch.cat([i, normed(s, g_s, a_s, over_heads)], -1)          # eq. 10
+        pre = torch.einsum("hi,hio->ho", v, w_v) + b_v
+        if joint:                                                         # released eq. 13: one LN
+            n = normed(pre, g_g, a_g, True)
+            gate_in, hidden_in = n[:, :2 * d], n[:, 2 * d:]
+        elif over_heads:
+            gate_in = normed(pre[:, :2 * d], g_g, a_g, True)              # both gates, all heads
+            hidden_in = normed(pre[:, 2 * d:], g_h[0], a_h[0], True)
+        else:
+            gate_in = torch.cat([normed(pre[:, :d], g_g[:, :d], a_g[:, :d], False),          # eq. 11
+                                 normed(pre[:, d:2 * d], g_g[:, d:], a_g[:, d:], False)], -1)  # eq. 12
+            hidden_in = normed(pre[:, 2 * d:], g_h[0], a_h[0], False)
+        i_g, f_g = torch.sigmoid(gate_in[:, :d]), torch.sigmoid(gate_in[:, d:])
+        hidden = torch.relu(hidden_in)                                    # eq. 13
+        if m.hidden_out is not None:                                      # eq. 14
+            hidden = torch.einsum("hi,hio->ho", hidden, m.hidden_out.weight.view(h, hid, d)) \
+                + m.hidden_out.bias.view(h, d)
+        c = c * f_g + hidden * i_g                                        # eqs. 15, 16
+        o_pre = torch.einsum("hi,hio->ho", torch.cat([i, c], -1), w_o) + b_o
+        o_g = torch.sigmoid(normed(o_pre, g_o, a_o, over_heads))          # eq. 17
+        rows.append(m.merge((c * o_g).reshape(-1)))                       # eqs. 18, 21
     return torch.stack(rows)
 
 
 @pytest.mark.parametrize("hidden_layers", [2, 1])
-def test_parallel_sublayer_equals_step_by_step_loop(hidden_layers):
+@pytest.mark.parametrize("norm_group", ["per_head", "all_heads"])
+def test_parallel_sublayer_equals_step_by_step_loop(hidden_layers, norm_group):
     """Outputs and gradients (input and every parameter) of the parallel pass equal the loop of
-    eqs. 9–18 on the real positions of a padded batch whose padding holds large garbage."""
+    eqs. 9–18 on the real positions of a padded batch whose padding holds large garbage, with
+    layer-norm statistics over the group ``norm_group`` names."""
     torch.manual_seed(0)
-    m = MultiHeadHPLSTM(16, 2, 0.0, hidden_layers=hidden_layers)
+    m = MultiHeadHPLSTM(16, 2, 0.0, hidden_layers=hidden_layers, norm_group=norm_group)
     for p in m.parameters():                     # move norms and biases away from 1 / 0
         torch.nn.init.normal_(p, std=0.5)
     lengths = [9, 4, 6]
@@ -81,7 +99,8 @@ def test_parallel_sublayer_equals_step_by_step_loop(hidden_layers):
     out, _ = m(x)
     fast = sum((out[r, :n] * weights[r, :n]).sum() for r, n in enumerate(lengths))
     fast_grads = torch.autograd.grad(fast, [x, *m.parameters()])
-    ref_out = [reference_row(m, x[r, :n]) for r, n in enumerate(lengths)]
+    over = norm_group == "all_heads"
+    ref_out = [reference_row(m, x[r, :n], over) for r, n in enumerate(lengths)]
     ref = sum((o * weights[r, :n]).sum() for r, (o, n) in enumerate(zip(ref_out, lengths)))
     ref_grads = torch.autograd.grad(ref, [x, *m.parameters()])
     for r, n in enumerate(lengths):
@@ -90,6 +109,39 @@ def test_parallel_sublayer_equals_step_by_step_loop(hidden_layers):
     for name, a, b in zip(names, fast_grads, ref_grads):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), (name, (a - b).abs().max())
     assert fast_grads[0][0].abs().sum() > 0 and fast_grads[0][1, 4:].abs().sum() == 0   # padding gets none
+    if hidden_layers == 2:   # same parameters in both groupings: the other one's reference differs
+        assert not torch.allclose(out[0].detach(), reference_row(m, x[0].detach(), not over), atol=1e-3)
+
+
+@pytest.mark.parametrize("parts", [1, 2])
+def test_layer_norm_statistics_per_head_or_over_all_heads(parts):
+    """GroupedLayerNorm with unit gain and zero bias on [H, N, (parts,) d] whose heads have very
+    different scales: per head, every head's features (each part's) have mean 0 and variance 1 and
+    a head ignores the others; over all heads, only a position's whole [H, (parts,) d] block has,
+    and changing one head moves the others."""
+    from onmt_doc.modules.hplstm import GroupedLayerNorm
+    h, d = 3, 8
+    tail = (parts, d) if parts > 1 else (d,)
+    x = torch.randn(h, 5, *tail) * torch.tensor([1.0, 10.0, 100.0]).view(h, 1, *([1] * len(tail))) + 3.0
+    if parts > 1:
+        x[..., 1, :] *= 7.0                                               # parts of unequal scale
+    bumped = x.clone()
+    bumped[2] *= 5.0                                                      # change head 2 only
+    per_head = GroupedLayerNorm(h, d, parts, over_heads=False)
+    all_heads = GroupedLayerNorm(h, d, parts, over_heads=True)
+    y = per_head(x)
+    assert torch.allclose(y.mean(-1), torch.zeros(()), atol=1e-5)
+    assert torch.allclose(y.var(-1, unbiased=False), torch.ones(()), atol=1e-3)
+    assert torch.allclose(per_head(bumped)[:2], y[:2])
+    z = all_heads(x)
+    block = z.movedim(0, 1).reshape(5, -1)                                # a position's H·parts·d features
+    assert torch.allclose(block.mean(-1), torch.zeros(()), atol=1e-5)
+    assert torch.allclose(block.var(-1, unbiased=False), torch.ones(()), atol=1e-3)
+    assert not torch.allclose(z.var(-1, unbiased=False), torch.ones(()), atol=0.1)   # heads are not
+    if parts > 1:                                                         # nor is one part over all heads
+        assert not torch.allclose(z[..., 0, :].movedim(0, 1).reshape(5, -1).var(-1, unbiased=False),
+                                  torch.ones(()), atol=0.1)
+    assert not torch.allclose(all_heads(bumped)[:2], z[:2], atol=1e-3)
 
 
 def loop_scan(f: torch.Tensor, hr: torch.Tensor) -> torch.Tensor:
@@ -121,8 +173,10 @@ def test_scan_is_exact_on_long_sequences(gate_bias):
 # ----------------------------------------------------------------------------- decoding
 
 @pytest.mark.parametrize("keys", [{}, {"ffn": False}, {"positions": False}, {"hidden_layers": 1},
-                                  {"pre_norm": False}], ids=["default", "no_ffn", "no_positions",
-                                                             "hidden_1_layer", "post_norm"])
+                                  {"pre_norm": False}, {"norm_group": "all_heads"},
+                                  {"norm_group": "all_heads", "hidden_layers": 1}],
+                         ids=["default", "no_ffn", "no_positions", "hidden_1_layer", "post_norm",
+                              "norm_all_heads", "norm_all_heads_hidden_1_layer"])
 def test_stepwise_equals_teacher_forced(keys):
     """Token-by-token decoding equals the teacher-forced pass, also with the batch permuted (a
     full beam reorder) after 3 steps."""
@@ -173,7 +227,8 @@ def test_decoding_state_does_not_grow():
 
 
 @pytest.mark.parametrize("key, value, message", [("hidden_layers", 3, "hidden_layers: must be 1 or 2"),
-                                                 ("hidden_ratio", 0, "hidden_ratio: must be at least 1")])
+                                                 ("hidden_ratio", 0, "hidden_ratio: must be at least 1"),
+                                                 ("norm_group", "per_model", "norm_group")])
 def test_bad_values_name_the_key(key, value, message):
     with pytest.raises(ConfigError, match=f"model.decoder.{message}"):
         random_model(mhplstm(**{key: value}))

@@ -1,6 +1,9 @@
 """G-Transformer decoder (Bao et al., 2021, sec. 4): group self-attention (tags y/y, causal) and
 group cross-attention (queries y, keys x) on every layer; combined group + global attention on the
-top ``global_layers`` (self) and ``global_cross_layers`` (cross) layers.
+top ``global_layers`` (self) and ``global_cross_layers`` (cross) layers. The paper's ablations
+switch parts off: ``group_self_attention`` / ``group_cross_attention`` (language / translation
+locality, table 5), ``top_attention: global`` (global attention alone on the top layers, table 6),
+``group_attention: false`` (both localities off: the document Transformer).
 
 Decoding covers a whole document instance in one beam search (sec. 4.3): the target tag of each
 token follows the generated ``<s>``/``</s>``, and :meth:`GTransformerDecoder.constrain` keeps the
@@ -11,7 +14,7 @@ cap. The output therefore always has exactly the source's number of sentences.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import ClassVar, Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +28,8 @@ from onmt_doc.decoders.transformer import TransformerDecoderConfig, TransformerD
 from onmt_doc.encoders.base import EncoderOut
 from onmt_doc.modules.attention import KV, MultiHeadAttention
 from onmt_doc.modules.gate_sum import GateSum
-from onmt_doc.modules.group_attention import BlockPlan, group_attend, plan_cross, plan_self
+from onmt_doc.modules.group_attention import (COMBINED, GLOBAL, GROUP, BlockPlan, attention_modes, group_attend,
+                                              plan_cross, plan_self)
 from onmt_doc.modules.state import DecoderState
 from onmt_doc.parts import PartContext
 
@@ -36,8 +40,14 @@ _NOT_WORDS = [PAD_ID, SOS_ID, BOS_ID, EOS_ID, MASK_ID]
 @dataclass
 class GTransformerDecoderConfig(TransformerDecoderConfig):
     group_attention: bool = True   # false: the document-Transformer baseline (every layer global)
+    group_self_attention: bool = True    # false: self-attention global on every layer (no target
+                                         # language locality, table 5); group_attention: false sets it too
+    group_cross_attention: bool = True   # false: cross-attention global on every layer (no
+                                         # translation locality, table 5); group_attention: false sets it too
     global_layers: int = 2         # top layers with combined self-attention
     global_cross_layers: int = 2   # top layers with combined cross-attention
+    top_attention: Literal["combined", "global"] = "combined"   # the top layers: group + global
+                                   # gate-summed (sec. 4.2), or global alone (table 6)
 
 
 @dataclass
@@ -79,9 +89,10 @@ class _StepMasks:
 
 class GTransformerDecoderLayer(TransformerDecoderLayer):
     def __init__(self, d_model: int, heads: int, ff: int, dropout: float, attention_dropout: float,
-                 pre_norm: bool, group: bool, combined_self: bool, combined_cross: bool):
+                 pre_norm: bool, self_mode: str, cross_mode: str):
         super().__init__(d_model, heads, ff, dropout, attention_dropout, pre_norm)
-        self.group = group
+        self.self_mode, self.cross_mode = self_mode, cross_mode     # group / global / combined
+        combined_self, combined_cross = self_mode == COMBINED, cross_mode == COMBINED
         self.global_self_attn = MultiHeadAttention(d_model, heads, attention_dropout) if combined_self else None
         self.self_gate = GateSum(d_model, "dec_self") if combined_self else None
         self.global_cross_attn = (MultiHeadAttention(d_model, heads, attention_dropout, self_attention=False)
@@ -98,11 +109,11 @@ class GTransformerDecoderLayer(TransformerDecoderLayer):
         return self.ff_res(x, self.ff)
 
     def _self_forced(self, h: torch.Tensor, ctx: _Forced) -> torch.Tensor:
-        if not self.group:
+        if self.self_mode == GLOBAL:
             return self.self_attn(h, is_causal=True, probe=("dec_self_global", ctx.keep))
         attn = self.self_attn
         local = attn.merge(group_attend(ctx.self_plan, *attn.project_qkv(h), self._drop(), "dec_self_group"))
-        if self.global_self_attn is None:
+        if self.self_mode == GROUP:
             return local
         glob = self.global_self_attn(h, is_causal=True, probe=("dec_self_global", ctx.keep))
         return self.self_gate(local, glob, ctx.keep)
@@ -110,10 +121,10 @@ class GTransformerDecoderLayer(TransformerDecoderLayer):
     def _cross_forced(self, h: torch.Tensor, ctx: _Forced) -> torch.Tensor:
         attn = self.cross_attn
         kv = attn.memory_kv(ctx.memory)
-        if not self.group:
+        if self.cross_mode == GLOBAL:
             return attn.cross(h, kv, ctx.memory_mask, probe=("dec_cross_global", ctx.keep))
         local = attn.merge(group_attend(ctx.cross_plan, attn.project_q(h), *kv, self._drop(), "dec_cross_group"))
-        if self.global_cross_attn is None:
+        if self.cross_mode == GROUP:
             return local
         g_attn = self.global_cross_attn
         glob = g_attn.cross(h, g_attn.memory_kv(ctx.memory), ctx.memory_mask, probe=("dec_cross_global", ctx.keep))
@@ -126,19 +137,20 @@ class GTransformerDecoderLayer(TransformerDecoderLayer):
         return self.ff_res(x, self.ff)
 
     def _self_step(self, h: torch.Tensor, state: GTransformerState, i: int, masks: _StepMasks) -> torch.Tensor:
-        local, state.self_kv[i] = self.self_attn.step(h, state.self_kv[i], masks.self_mask if self.group else None)
-        if self.global_self_attn is None:
+        mask = None if self.self_mode == GLOBAL else masks.self_mask    # the cache holds only the prefix
+        local, state.self_kv[i] = self.self_attn.step(h, state.self_kv[i], mask)
+        if self.self_mode != COMBINED:
             return local
         glob, state.global_self_kv[i] = self.global_self_attn.step(h, state.global_self_kv[i])
         return self.self_gate(local, glob, masks.keep)
 
     def _cross_step(self, h: torch.Tensor, state: GTransformerState, i: int, masks: _StepMasks) -> torch.Tensor:
         attn, (k, v) = self.cross_attn, state.cross_kv[i]
-        if not self.group:
+        if self.cross_mode == GLOBAL:
             return attn.cross(h, (k, v), state.memory_mask)
         local = F.scaled_dot_product_attention(attn.project_q(h), k, v, attn_mask=masks.cross_mask)
         local = attn.merge(local * masks.cross_has)
-        if self.global_cross_attn is None:
+        if self.cross_mode == GROUP:
             return local
         glob = self.global_cross_attn.cross(h, state.global_cross_kv[i], state.memory_mask)
         return self.cross_gate(local, glob, masks.keep)
@@ -150,23 +162,24 @@ class GTransformerDecoder(Decoder):
 
     def __init__(self, cfg: GTransformerDecoderConfig, ctx: PartContext):
         super().__init__()
-        self.group = cfg.group_attention
+        self_modes = attention_modes(cfg.layers, cfg.group_attention and cfg.group_self_attention,
+                                     cfg.global_layers, cfg.top_attention)
+        cross_modes = attention_modes(cfg.layers, cfg.group_attention and cfg.group_cross_attention,
+                                      cfg.global_cross_layers, cfg.top_attention)
+        self.group_self = any(m != GLOBAL for m in self_modes)      # some layer needs the block plans
+        self.group_cross = any(m != GLOBAL for m in cross_modes)
         self.embeddings = ctx.tgt_embeddings
-        n = cfg.layers
         self.layers = nn.ModuleList(
             GTransformerDecoderLayer(ctx.d_model, cfg.heads, cfg.ff, ctx.dropout, ctx.attention_dropout,
-                                     cfg.pre_norm, self.group, self.group and i >= n - cfg.global_layers,
-                                     self.group and i >= n - cfg.global_cross_layers)
-            for i in range(n))
+                                     cfg.pre_norm, self_mode, cross_mode)
+            for self_mode, cross_mode in zip(self_modes, cross_modes))
         self.final_norm = nn.LayerNorm(ctx.d_model) if cfg.pre_norm else nn.Identity()
 
     def forward(self, tgt_in: torch.Tensor, enc_out: EncoderOut, batch: Batch) -> DecoderOut:
         keep, src_keep = tgt_in.ne(PAD_ID), ~enc_out.pad_mask
         tags = group_tags(tgt_in)
-        self_plan = cross_plan = None
-        if self.group:
-            self_plan = plan_self(tags, keep, causal=True)
-            cross_plan = plan_cross(tags, keep, enc_out.groups, src_keep)
+        self_plan = plan_self(tags, keep, causal=True) if self.group_self else None
+        cross_plan = plan_cross(tags, keep, enc_out.groups, src_keep) if self.group_cross else None
         ctx = _Forced(keep, enc_out.memory, enc_out.attention_mask(), self_plan, cross_plan)
         x = self.embeddings(tgt_in)
         for layer in self.layers:

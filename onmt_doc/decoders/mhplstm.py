@@ -9,7 +9,7 @@ every position at once; decoding carries per layer only the running input sum an
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import ClassVar, Literal, Optional
 
 import torch
 from torch import nn
@@ -37,6 +37,8 @@ class MHPLSTMDecoderConfig(PartConfig):
     hidden_layers: int = 2       # hidden state: 2-layer network (eq. 14) or 1 layer (eq. 13)
     hidden_ratio: int = 4        # eq. 14 inner width in multiples of the head size
     positions: bool = True       # add sinusoidal positions to the target embeddings
+    norm_group: Literal["per_head", "all_heads"] = "per_head"   # layer-norm statistics per head (the
+                                 # paper's independent HPLSTMs) or over all heads (the released code)
     pre_norm: bool = True
 
 
@@ -52,7 +54,8 @@ class MHPLSTMState(DecoderState):
 class MHPLSTMDecoderLayer(nn.Module):
     def __init__(self, cfg: MHPLSTMDecoderConfig, d_model: int, dropout: float, attention_dropout: float):
         super().__init__()
-        self.hplstm = MultiHeadHPLSTM(d_model, cfg.heads, dropout, cfg.hidden_layers, cfg.hidden_ratio)
+        self.hplstm = MultiHeadHPLSTM(d_model, cfg.heads, dropout, cfg.hidden_layers, cfg.hidden_ratio,
+                                      cfg.norm_group)
         self.cross_attn = MultiHeadAttention(d_model, cfg.heads, attention_dropout, self_attention=False)
         self.hplstm_res = Residual(d_model, dropout, cfg.pre_norm)
         self.cross_res = Residual(d_model, dropout, cfg.pre_norm)

@@ -1,5 +1,6 @@
 """G-Transformer encoder (Bao et al., 2021, sec. 4): group self-attention (tags x/x) on every layer,
-combined group + global attention on the top ``global_layers`` layers.
+combined group + global attention on the top ``global_layers`` layers (or, ``top_attention:
+global``, global attention alone there: the ablation of table 6).
 
 Parameter names follow the Transformer encoder (``layers.N.self_attn`` is the group attention), so a
 sentence-level Transformer checkpoint initialises it through ``train.init_from``; the global
@@ -8,7 +9,7 @@ attention and the gates are new.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional
 
 import torch
 from torch import nn
@@ -20,22 +21,26 @@ from onmt_doc.encoders.base import Encoder, EncoderOut
 from onmt_doc.encoders.transformer import TransformerEncoderConfig, TransformerEncoderLayer
 from onmt_doc.modules.attention import MultiHeadAttention
 from onmt_doc.modules.gate_sum import GateSum
-from onmt_doc.modules.group_attention import BlockPlan, group_attend, plan_self
+from onmt_doc.modules.group_attention import (COMBINED, GLOBAL, GROUP, BlockPlan, attention_modes, group_attend,
+                                              plan_self)
 from onmt_doc.parts import PartContext
 
 
 @dataclass
 class GTransformerEncoderConfig(TransformerEncoderConfig):
     group_attention: bool = True   # false: the document-Transformer baseline (every layer global)
-    global_layers: int = 2         # top layers with combined attention (group + global, gate-summed);
-                                   # checked against layers in config._check_values
+    global_layers: int = 2         # top layers with combined attention (group + global, gate-summed),
+                                   # or global alone (top_attention); checked in config._check_values
+    top_attention: Literal["combined", "global"] = "combined"   # the top global_layers layers: group +
+                                   # global gate-summed (sec. 4.2), or global alone (table 6)
 
 
 class GTransformerEncoderLayer(TransformerEncoderLayer):
     def __init__(self, d_model: int, heads: int, ff: int, dropout: float, attention_dropout: float,
-                 pre_norm: bool, group: bool, combined: bool):
+                 pre_norm: bool, mode: str):
         super().__init__(d_model, heads, ff, dropout, attention_dropout, pre_norm)
-        self.group = group
+        self.mode = mode                # group / global / combined (attention_modes)
+        combined = mode == COMBINED
         self.global_attn = MultiHeadAttention(d_model, heads, attention_dropout) if combined else None
         self.gate = GateSum(d_model, "enc_self") if combined else None
 
@@ -46,12 +51,12 @@ class GTransformerEncoderLayer(TransformerEncoderLayer):
 
     def attention(self, h: torch.Tensor, plan: Optional[BlockPlan], keep: torch.Tensor,
                   mask: torch.Tensor) -> torch.Tensor:
-        if not self.group:
+        if self.mode == GLOBAL:         # eq. 5 over the whole instance
             return self.self_attn(h, mask, probe=("enc_self_global", keep))
         attn = self.self_attn
         local = attn.merge(group_attend(plan, *attn.project_qkv(h), attn.dropout if self.training else 0.0,
-                                        probe="enc_self_group"))
-        if self.global_attn is None:
+                                        probe="enc_self_group"))     # eq. 8
+        if self.mode == GROUP:
             return local
         return self.gate(local, self.global_attn(h, mask, probe=("enc_self_global", keep)), keep)
 
@@ -62,13 +67,13 @@ class GTransformerEncoder(Encoder):
 
     def __init__(self, cfg: GTransformerEncoderConfig, ctx: PartContext):
         super().__init__()
-        self.group = cfg.group_attention
+        modes = attention_modes(cfg.layers, cfg.group_attention, cfg.global_layers, cfg.top_attention)
+        self.group = any(m != GLOBAL for m in modes)      # some layer needs the block plan
         self.embeddings = ctx.src_embeddings
-        first_combined = cfg.layers - cfg.global_layers
         self.layers = nn.ModuleList(
             GTransformerEncoderLayer(ctx.d_model, cfg.heads, cfg.ff, ctx.dropout, ctx.attention_dropout,
-                                     cfg.pre_norm, self.group, self.group and i >= first_combined)
-            for i in range(cfg.layers))
+                                     cfg.pre_norm, mode)
+            for mode in modes)
         self.final_norm = nn.LayerNorm(ctx.d_model) if cfg.pre_norm else nn.Identity()
 
     def forward(self, batch: Batch) -> EncoderOut:

@@ -35,6 +35,19 @@ class BlockPlan:
     inverse: torch.Tensor    # [B * Nq] row of [block slots; free queries; zero] holding each output
 
 
+GROUP, GLOBAL, COMBINED = "group", "global", "combined"
+
+
+def attention_modes(layers: int, group: bool, top_layers: int, top: str) -> list[str]:
+    """The attention of each layer of a stack, bottom first: ``group`` (eq. 8), ``global`` (eq. 5)
+    or ``combined`` (both, gate-summed, eq. 10). Without group attention every layer is global
+    (the document Transformer); otherwise the top ``top_layers`` layers use ``top`` (``combined``,
+    sec. 4.2, or ``global`` alone, the ablation of table 6) and the layers below use group attention."""
+    if not group:
+        return [GLOBAL] * layers
+    return [GROUP if i < layers - top_layers else top for i in range(layers)]
+
+
 def _blocks(tags: torch.Tensor, keep: torch.Tensor, n_groups: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Block table [B*K, L] of flat positions for group ids row * K + tag - 1, and its validity."""
     b, n = tags.shape

@@ -15,6 +15,10 @@ copy, and the scan walks time slices ``[H, B, d]`` in place.
 
 Incremental decoding carries only ``(running input sum, cell)`` per layer, ``[B, D]`` each,
 whatever the prefix length.
+
+Layer norms take their statistics per head (``norm_group="per_head"``, the paper's independent
+HPLSTMs) or over all heads of a position (``"all_heads"``, the authors' released code); see
+:class:`GroupedLayerNorm` and docs/models/mhplstm.md.
 """
 from __future__ import annotations
 
@@ -53,20 +57,29 @@ class GroupedLinear(nn.Module):
 
 
 class GroupedLayerNorm(nn.Module):
-    """Layer norm over the last ``dim`` features of ``[H, ..., dim]`` (``[H, ..., parts, dim]``
-    for several parts) with its own gain and bias per head and part; 1-D parameters, so the
-    builder's Xavier re-initialisation leaves them at ones and zeros."""
+    """Layer norm (eq. 6) of ``[H, ..., dim]`` (``[H, ..., parts, dim]`` for several parts) with
+    its own gain and bias per head and part; 1-D parameters, so the builder's Xavier
+    re-initialisation leaves them at ones and zeros.
 
-    def __init__(self, heads: int, dim: int, parts: int = 1, eps: float = 1e-5):
+    ``over_heads=False``: mean and deviation over the ``dim`` features of each head and part (the
+    paper's independent per-head HPLSTMs). ``True``: over all heads and parts of a position
+    together, as ``nn.LayerNorm((heads, [parts,] dim))`` in the authors' released code."""
+
+    def __init__(self, heads: int, dim: int, parts: int = 1, eps: float = 1e-5, over_heads: bool = False):
         super().__init__()
-        self.heads, self.dim, self.eps = heads, dim, eps
+        self.heads, self.dim, self.eps, self.over_heads = heads, dim, eps, over_heads
         self.tail = (parts, dim) if parts > 1 else (dim,)
         self.weight = nn.Parameter(torch.ones(heads * parts * dim))
         self.bias = nn.Parameter(torch.zeros(heads * parts * dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = (self.heads,) + (1,) * (x.dim() - 1 - len(self.tail)) + self.tail
-        y = F.layer_norm(x, (self.dim,), eps=self.eps)
+        if self.over_heads:     # statistics over dim 0 (heads) and the tail (parts, features)
+            dims = (0,) + tuple(range(x.dim() - len(self.tail), x.dim()))
+            var, mean = torch.var_mean(x, dim=dims, correction=0, keepdim=True)
+            y = (x - mean) * torch.rsqrt(var + self.eps)
+        else:
+            y = F.layer_norm(x, (self.dim,), eps=self.eps)
         return torch.addcmul(self.bias.view(shape), y, self.weight.view(shape))
 
 
@@ -142,25 +155,30 @@ class MultiHeadHPLSTM(nn.Module):
     """MHPLSTM sublayer ``[B, T, D] -> [B, T, D]``, causal, replacing decoder self-attention."""
 
     def __init__(self, d_model: int, heads: int, dropout: float, hidden_layers: int = 2,
-                 hidden_ratio: int = 4):
+                 hidden_ratio: int = 4, norm_group: str = "per_head"):
         super().__init__()
         if d_model % heads:
             raise ValueError(f"d_model {d_model} is not divisible by {heads} heads")
         if hidden_layers not in (1, 2):
             raise ValueError(f"hidden_layers must be 1 or 2, got {hidden_layers}")
+        if norm_group not in ("per_head", "all_heads"):
+            raise ValueError(f"norm_group must be per_head or all_heads, got {norm_group}")
         self.heads, self.d_head = heads, d_model // heads
         d = self.d_head
         self.d_hidden = hidden_ratio * d if hidden_layers == 2 else d
+        over = norm_group == "all_heads"     # the released code's grouping (docs/models/mhplstm.md)
         self.split = nn.Linear(d_model, d_model)                         # eq. 19: W_s
-        self.sum_norm = GroupedLayerNorm(heads, d)                       # eq. 10: LN(s)
+        self.sum_norm = GroupedLayerNorm(heads, d, over_heads=over)      # eq. 10: LN(s)
         # eqs. 11, 12, 13/14 read the same v: one product for both gates and the hidden layer
         self.gates_hidden = GroupedLinear(heads, 2 * d, 2 * d + self.d_hidden)
-        self.gate_norm = GroupedLayerNorm(heads, d, parts=2)             # LN of eqs. 11, 12
-        self.hidden_norm = GroupedLayerNorm(heads, self.d_hidden)         # LN of eq. 13/14
+        # all_heads with eq. 13: the released code normalises both gates and h in one group
+        joint = over and hidden_layers == 1
+        self.gate_norm = GroupedLayerNorm(heads, d, parts=3 if joint else 2, over_heads=over)  # LN of eqs. 11, 12
+        self.hidden_norm = None if joint else GroupedLayerNorm(heads, self.d_hidden, over_heads=over)  # eq. 13/14
         self.hidden_out = GroupedLinear(heads, self.d_hidden, d) if hidden_layers == 2 else None
         self.hidden_dropout = Dropout(dropout)
         self.out_gate = GroupedLinear(heads, 2 * d, d)                   # eq. 17: W_o
-        self.out_gate_norm = GroupedLayerNorm(heads, d)
+        self.out_gate_norm = GroupedLayerNorm(heads, d, over_heads=over)
         self.merge = nn.Linear(d_model, d_model)                         # eq. 21: W_m
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
@@ -177,9 +195,20 @@ class MultiHeadHPLSTM(nn.Module):
         """[B, D] state -> [H, 1, B, d]."""
         return self._heads(x.unsqueeze(1))
 
-    def _hidden(self, pre: torch.Tensor) -> torch.Tensor:
-        """h from the hidden part of the fused product: eq. 14 (2 layers) or eq. 13 (1 layer)."""
-        a = torch.relu(self.hidden_norm(pre))                            # α(LN(W_h1 v + b_h1)), α = ReLU
+    def _gates_and_hidden(self, fused: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Input gate, forget gate (eqs. 11, 12) and h (eq. 13/14) from the fused product."""
+        d = self.d_head
+        if self.hidden_norm is None:         # eq. 13 with all_heads: one LN over gates and h
+            normed = self.gate_norm(fused.unflatten(-1, (3, d)))
+            in_gate, forget_gate = torch.sigmoid(normed[..., :2, :]).unbind(-2)
+            return in_gate, forget_gate, torch.relu(normed[..., 2, :])
+        gates = torch.sigmoid(self.gate_norm(fused[..., :2 * d].unflatten(-1, (2, d))))   # eqs. 11, 12
+        in_gate, forget_gate = gates.unbind(-2)                          # [H, T·B, d] each
+        return in_gate, forget_gate, self._hidden(self.hidden_norm(fused[..., 2 * d:]))
+
+    def _hidden(self, normed: torch.Tensor) -> torch.Tensor:
+        """h from the normalised hidden part of the fused product: eq. 14 (2 layers) or eq. 13."""
+        a = torch.relu(normed)                                           # α(LN(W_h1 v + b_h1)), α = ReLU
         if self.hidden_out is None:
             return a                                                     # eq. 13
         return self.hidden_out(self.hidden_dropout(a))                   # eq. 14: W_h2 α(·) + b_h2
@@ -202,9 +231,8 @@ class MultiHeadHPLSTM(nn.Module):
             s = torch.cat([start, total[:, :-1]], dim=1)
         v = torch.cat([i, self.sum_norm(s)], dim=-1)                     # eq. 10: v = i | LN(s)
         fused = self.gates_hidden(v.view(h, t * b, 2 * d))              # [H, T·B, 2d + hidden]
-        gates = torch.sigmoid(self.gate_norm(fused[..., :2 * d].unflatten(-1, (2, d))))  # eqs. 11, 12
-        in_gate, forget_gate = gates.unbind(2)                           # [H, T·B, d] each
-        hr = self._hidden(fused[..., 2 * d:]) * in_gate                  # eq. 15: h_r = h ⊙ i_g
+        in_gate, forget_gate, hidden = self._gates_and_hidden(fused)
+        hr = hidden * in_gate                                            # eq. 15: h_r = h ⊙ i_g
         c = linear_scan(forget_gate.view(h, t, b, d), hr.view(h, t, b, d), c0)   # eq. 16
         ic = torch.cat([i, c], dim=-1).view(h, t * b, 2 * d)
         out_gate = torch.sigmoid(self.out_gate_norm(self.out_gate(ic)))  # eq. 17
