@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -117,35 +119,111 @@ def test_registry_rejects_duplicates_and_lists_names():
     assert isinstance(reg.build(WConfig(type="a")), A)
 
 
-def test_every_config_field_is_documented():
-    """docs/config.md lists every key of every section and registered part."""
-    from pathlib import Path
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "config.md"
+PART_KINDS = {("model", "encoders"): "encoder", ("model", "decoders"): "decoder", ("loss", "losses"): "loss",
+              ("optim", "schedules"): "schedule"}
 
+
+def config_md_tables() -> dict[tuple, set[str]]:
+    """docs/config.md's key tables: {(section, part kind or None, part name or None): keys}.
+
+    ``## `data``` opens a section; ``### Encoders`` (Decoders, Losses, Schedules) a kind of part
+    inside it; ``#### `name``` one registered part. Rows are ``| `key` | type | default | meaning |``.
+    Fenced code blocks are skipped (the resolved YAML example has lines starting with #)."""
+    tables: dict[tuple, set[str]] = {}
+    section = kind = name = None
+    fenced = False
+    for line in DOCS.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced:
+            continue
+        m = re.match(r"(#+) (.*)$", line)
+        if m:
+            level, title = len(m.group(1)), m.group(2).strip()
+            if level == 2:
+                section = title.strip("`") if title.startswith("`") else None
+                kind = name = None
+            elif level == 3:
+                kind, name = PART_KINDS.get((section, title.lower())), None
+            elif level == 4 and kind:
+                name = title.strip("`")
+            continue
+        row = re.match(r"\| `([a-z_0-9]+)` \|", line)
+        if row and section:
+            tables.setdefault((section, kind, name), set()).add(row.group(1))
+    return tables
+
+
+def field_names(cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def test_every_config_key_is_in_its_sections_table():
+    """Each section's table in docs/config.md lists every key of its dataclass (nested ones such
+    as data.train.src too), and every registered encoder, decoder, loss and schedule has its own
+    table with every key of its config; no table lists a key that does not exist."""
     from onmt_doc.registry import registry_for
 
-    text = (Path(__file__).resolve().parent.parent / "docs" / "config.md").read_text(encoding="utf-8")
-    missing = []
+    tables = config_md_tables()
+    missing, stale = [], []
 
-    def visit(cls, prefix):
+    def check(where: str, cls, table_key: tuple, extra_allowed: set = frozenset()):
+        documented = tables.get(table_key)
+        if documented is None:
+            missing.append(f"{where}: no table in docs/config.md")
+            return
+        expected = set()
         for f in dataclasses.fields(cls):
-            if f.name == "type":
+            if f.name == "type" or f.metadata.get("part"):
                 continue
-            if dataclasses.is_dataclass(f.type if not isinstance(f.type, str) else None):
-                continue
-            if f"`{f.name}`" not in text:
-                missing.append(prefix + f.name)
+            expected.add(f.name)
+            value = getattr(cls(), f.name) if f.name != "schedule" else None
+            if dataclasses.is_dataclass(value):            # data.train / data.valid: {src, tgt}
+                expected |= field_names(type(value))
+        fields = field_names(cls) | extra_allowed
+        missing.extend(f"{where}.{k}" for k in sorted(expected - documented))
+        stale.extend(f"{where}.{k}" for k in sorted(documented - expected - fields))
 
+    cfg = Config()
     for section in dataclasses.fields(Config):
-        obj = getattr(Config(), section.name)
-        for item in (obj if isinstance(obj, list) else [obj]):
-            visit(type(item), section.name + ".")
-    for kind in ("encoder", "decoder", "loss", "optimizer", "schedule"):
-        for name in registry_for(kind).names():
-            if kind == "optimizer":
-                continue
-            assert f"`{name}`" in text, f"registered {kind} '{name}' is not documented"
-            visit(registry_for(kind).get(name).config, f"{kind}:{name}.")
-    assert not missing, f"undocumented config keys: {missing}"
+        if section.name == "loss":   # the base of every loss: LossConfig's keys
+            check("loss", LossConfig, ("loss", None, None), {"type"})
+            continue
+        obj = getattr(cfg, section.name)
+        check(section.name, type(obj), (section.name, None, None),
+              {"encoder", "decoder", "schedule", "type"} | (field_names(type(obj.train)) if section.name == "data" else set()))
+    for (section, heading), kind in PART_KINDS.items():
+        registered = registry_for(kind).names()
+        documented = {name for (s, k, name) in tables if s == section and k == kind}
+        assert set(registered) <= documented, f"{kind}s without a table: {set(registered) - documented}"
+        assert documented <= set(registered), f"{kind} tables of unregistered parts: {documented - set(registered)}"
+        for name in registered:
+            check(f"{kind}:{name}", registry_for(kind).get(name).config, (section, kind, name), {"type"})
+    assert not missing, f"keys missing from their table in docs/config.md: {missing}"
+    assert not stale, f"docs/config.md tables list keys that do not exist: {stale}"
+
+
+def test_every_registered_optimizer_is_named_in_the_optim_section():
+    from onmt_doc.registry import registry_for
+
+    text = DOCS.read_text(encoding="utf-8")
+    optim = text[text.index("## `optim`"):text.index("### Schedules")]
+    absent = [n for n in registry_for("optimizer").names() if f"`{n}`" not in optim]
+    assert not absent, f"optimizers not listed under optim in docs/config.md: {absent}"
+
+
+def test_resolved_config_example_in_the_docs_is_what_training_writes(tmp_path):
+    """The 'fully resolved' YAML in docs/config.md equals save_config's output for the minimal
+    config shown above it (so a new key with its default shows up there too)."""
+    text = DOCS.read_text(encoding="utf-8")
+    blocks = re.findall(r"```yaml\n(.*?)```", text, re.S)
+    minimal = yaml.safe_load(blocks[0])
+    resolved = next(b for b in blocks if b.startswith("# onmt_doc resolved config"))
+    path = tmp_path / "resolved.yaml"
+    save_config(load_config(write(tmp_path, minimal)), str(path))
+    assert yaml.safe_load(resolved) == yaml.safe_load(path.read_text(encoding="utf-8"))
 
 
 def test_every_config_example_loads():

@@ -170,12 +170,35 @@ def test_group_attention_isolates_sentences_in_the_lower_layers():
 
 
 def test_document_beam_search_keeps_the_source_sentence_count_untrained():
+    """The raw beam output (before ``split_sentences``, which would pad or merge to the source
+    count anyway) of an untrained model has exactly the source's ``<s> … </s>`` groups, for
+    every instance, including documents cut into several instances by data.max_tokens."""
     model, codec = random_model(G, seed=7)
     docs = [[f"w{i % 9} w{(i * 3) % 11} w5" for i in range(n)] for n in (1, 2, 5, 9)]
     docs.append(["w1", "", "w2 w3"])                                  # an empty sentence inside
     cfg = config_from_dict({"data": {"max_tokens": 24}, "translate": {"beam": 3, "max_len_add": 2}})
-    out = Translator(model, codec, cfg).translate_documents(docs)
+    translator = Translator(model, codec, cfg)
+    raw = []
+    search = translator.search.search
+
+    def recording_search(model, batch):     # the real search; keeps what it returns
+        hyps = search(model, batch)
+        raw.append((batch.src.clone(), hyps))
+        return hyps
+
+    translator.search.search = recording_search
+    out = translator.translate_documents(docs)
     assert [len(d) for d in out] == [len(d) for d in docs]
+    rows = [(src, hyps) for srcs, batch_hyps in raw for src, hyps in zip(srcs, batch_hyps)]
+    assert sum(int(src.eq(SOS_ID).sum()) for src, _ in rows) == sum(len(d) for d in docs)
+    assert len(rows) > len(docs)                                      # max_tokens split documents
+    for src, hyps in rows:
+        n = int(src.eq(SOS_ID).sum())
+        toks = hyps[0].tokens
+        assert toks.count(SOS_ID) == toks.count(EOS_SENT_ID) == n, (n, toks)
+        opens = [i for i, t in enumerate(toks) if t == SOS_ID]
+        closes = [i for i, t in enumerate(toks) if t == EOS_SENT_ID]
+        assert all(o < c for o, c in zip(opens, closes)) and all(c < o for c, o in zip(closes, opens[1:]))
 
 
 def test_constraints_force_the_structure_and_sentence_caps():
@@ -231,10 +254,27 @@ def test_global_layers_must_fit_the_stack():
         config_from_dict({"model": {"decoder": {"type": "g_transformer", "layers": 2, "global_cross_layers": 3}}})
 
 
-def test_torch_group_tags_match_collation():
+def hand_tags(docs, side: str, width: int) -> torch.Tensor:
+    """Tags written out from the sentence lengths alone: k on the k-th sentence's ``<s>``, words and
+    ``</s>``; 0 on the target's leading ``<bos>`` and on padding."""
+    rows = []
+    for sents in docs:
+        row = [0] if side == "tgt" else []
+        for k, (s, t) in enumerate(sents, start=1):
+            row += [k] * ((s if side == "src" else t) + 2)
+        rows.append(row + [0] * (width - len(row)))
+    return torch.tensor(rows)
+
+
+def test_group_tags_of_collation_and_of_the_torch_path_equal_hand_computed_tags():
     batch = doc_batch()
-    assert torch.equal(group_tags(batch.tgt_in), batch.tgt_groups)
-    assert torch.equal(group_tags(batch.src), batch.src_groups)
+    src_tags = hand_tags(DOCS, "src", batch.src.size(1))
+    tgt_tags = hand_tags(DOCS, "tgt", batch.tgt_in.size(1))
+    assert torch.equal(batch.src_groups, src_tags) and torch.equal(batch.tgt_groups, tgt_tags)
+    assert torch.equal(group_tags(batch.src.clone()), src_tags)        # what the decoders call
+    assert torch.equal(group_tags(batch.tgt_in.clone()), tgt_tags)
+    with_eos = torch.cat([batch.tgt_out, torch.full((batch.size, 1), PAD_ID)], 1)   # <eos> gets 0
+    assert group_tags(with_eos)[with_eos.eq(EOS_ID)].eq(0).all()
 
 
 # ---------------------------------------------------------------- training

@@ -80,18 +80,26 @@ def test_tensorboard_has_documented_tags(trained_run, toy_dir, tmp_path):
 
 
 def test_two_gloo_processes_equal_one_process_with_same_global_batch(toy_dir, tmp_path):
-    """torchrun with 2 CPU processes (accum 1) == 1 process with accum 2, within 1e-5.
+    """torchrun with 2 CPU processes (accum 1) == 1 process with accum 2, with the default
+    optimizer setup (Adam, eps 1e-9, inverse_sqrt warmup, gradient clipping at 1.0).
 
-    Plain SGD: Adam's division by sqrt(v) turns float-summation noise in near-zero gradients
-    into differences of the order of the learning rate, which would test Adam, not the reduction.
+    Same parameters after 4 steps, same loss and same (unclipped) gradient norm at every step.
+    Adam and clipping are blind to a constant factor on the gradients, so the logged gradient
+    norm is what catches a wrong loss scale across processes. Measured: bitwise equal (the
+    all-reduce of two gradients sums the same two numbers as accumulation does).
+
+    Dropout is 0 here: a rank draws its masks from its own stream (seed + rank), while one process
+    draws both batches' masks from one stream, so with dropout the runs differ by design (the
+    per-rank streams are checked by test_two_process_resume_equals_straight_run).
     """
     data = small_corpus(toy_dir, tmp_path / "data", lines=1000)  # no epoch end in 4 steps
     def cfg(run, accum):
         c = tiny_config(toy_dir, run, train={"max_steps": 4, "accum": accum, "batch_tokens": 300,
                                              "save_every": 4, "valid_every": 100, "threads": 1},
-                        model={"dropout": 0.0},
-                        optim={"type": "sgd", "lr": 0.5, "schedule": {"type": "constant", "warmup": 1}})
+                        model={"dropout": 0.0}, log={"tensorboard": True, "every": 1})
         c["data"]["train"] = {"src": str(data / "train.src"), "tgt": str(data / "train.tgt")}
+        c["optim"] = {"type": "adam", "lr": 2.0e-3, "schedule": {"type": "inverse_sqrt", "warmup": 100}}
+        assert "max_grad_norm" not in c["train"] and "eps" not in c["optim"]     # the defaults
         return write_config(c, tmp_path / f"{run.name}.yaml")
 
     one = run_cli(sys.executable, "-m", "onmt_doc.bin.train", "-config", str(cfg(tmp_path / "one", 2)))
@@ -103,7 +111,12 @@ def test_two_gloo_processes_equal_one_process_with_same_global_batch(toy_dir, tm
     a = load_checkpoint(str(tmp_path / "one" / "checkpoints" / "last.pt"))["model"]
     b = load_checkpoint(str(tmp_path / "two" / "checkpoints" / "last.pt"))["model"]
     for name in a:
-        assert torch.allclose(a[name], b[name], atol=1e-5), (name, (a[name] - b[name]).abs().max())
+        assert torch.allclose(a[name], b[name], rtol=0, atol=1e-6), (name, (a[name] - b[name]).abs().max())
+    sa, sb = tb_scalars(tmp_path / "one"), tb_scalars(tmp_path / "two")
+    for tag in ("train/loss", "train/grad_norm"):
+        assert [s for s, _ in sa[tag]] == [s for s, _ in sb[tag]] == [1, 2, 3, 4], tag
+        assert [v for _, v in sa[tag]] == pytest.approx([v for _, v in sb[tag]], rel=1e-6), tag
+    assert max(v for _, v in sa["train/grad_norm"]) > 1.0       # clipping was active
 
 
 def test_early_stopping_and_checkpoint_retention(toy_dir, tmp_path):
@@ -156,3 +169,54 @@ def test_two_process_resume_equals_straight_run(toy_dir, tmp_path):
     assert len(b["train_state"]["rng"]) == 2
     for name, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][name]), name
+
+
+def _fast_trainer(trained_run, toy_dir, run: Path, **sections):
+    """A Trainer reusing trained_run's vocabulary and binarized cache (no BPE learning)."""
+    from conftest import init_from_run, make_trainer
+    init_from_run(trained_run, run)
+    cfg = tiny_config(toy_dir, run, data={"cache_dir": str(trained_run / "cache")}, **sections)
+    return make_trainer(cfg)
+
+
+def test_gradient_clipping_scales_the_norm_to_max_grad_norm(trained_run, toy_dir, tmp_path):
+    """The gradients the optimizer sees have total norm max_grad_norm when the norm exceeds it
+    (norm computed here over all parameters); the logged grad_norm is the norm before clipping;
+    max_grad_norm 0 leaves the gradients alone."""
+    def norms_at_step(max_norm: float, run: str):
+        trainer = _fast_trainer(trained_run, toy_dir, tmp_path / run, train={"max_grad_norm": max_norm})
+        seen = []
+        step = trainer.optimizer.step
+
+        def recording_step(*args, **kwargs):      # the real step; notes the gradients it gets
+            grads = [p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None]
+            seen.append(float(torch.linalg.vector_norm(torch.cat(grads).double())))
+            return step(*args, **kwargs)
+
+        trainer.optimizer.step = recording_step
+        batch = next(iter(trainer.sampler))
+        logged = trainer.train_step([batch])["grad_norm"]
+        return seen[0], logged
+
+    applied, logged = norms_at_step(0.05, "clip")
+    assert logged > 0.05 * 2                                     # clipping had to act
+    assert applied == pytest.approx(0.05, rel=1e-4)
+    applied_free, logged_free = norms_at_step(0.0, "free")
+    assert applied_free == pytest.approx(logged_free, rel=1e-4) and logged_free == pytest.approx(logged, rel=1e-4)
+
+
+def test_bf16_mixed_precision_on_cpu_trains_and_fp16_falls_back(trained_run, toy_dir, tmp_path, caplog):
+    trainer = _fast_trainer(trained_run, toy_dir, tmp_path / "bf16", train={"amp": "bf16"},
+                            optim={"type": "adam", "lr": 2.0e-3, "schedule": {"type": "constant", "warmup": 1}})
+    assert trainer.amp_dtype == torch.bfloat16
+    dtypes = []
+    trainer.model.generator.register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
+    batch = next(iter(trainer.sampler))
+    losses = [trainer.train_step([batch])["loss"] for _ in range(12)]
+    assert dtypes and set(dtypes) == {torch.bfloat16}               # the forward really ran in bf16
+    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())   # master weights fp32
+    assert losses[-1] < 0.8 * losses[0], losses                    # it learns (memorises the batch)
+    with caplog.at_level("WARNING", logger="onmt_doc"):
+        fp16 = _fast_trainer(trained_run, toy_dir, tmp_path / "fp16", train={"amp": "fp16"})
+    assert fp16.amp_dtype is None and fp16.scaler is None
+    assert any("train.amp=fp16" in r.getMessage() for r in caplog.records)

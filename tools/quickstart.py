@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The quickstart in one command: toy corpus → vocabulary → training → translation → scores.
 
-  python tools/quickstart.py [--out runs/quickstart] [--steps 600]
+  python tools/quickstart.py [--out runs/quickstart] [--steps 600] [--train-docs 5000] [--eval-docs 145]
 
 Writes the synthetic document-level toy corpus (tools/make_toy_corpus.py), trains the small
 sentence-level Transformer of config_examples/quickstart.yaml on it, translates the test set and
@@ -28,14 +28,20 @@ def _main(argv=None) -> int:
     p = ArgumentParser(prog="quickstart.py", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/quickstart", help="run folder (corpus in OUT/data)")
-    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--steps", type=int, default=600, help="training steps")
+    # smaller corpora make a quick smoke run (the tests use them); the defaults are the documented corpus
+    p.add_argument("--train-docs", type=int, default=5000, help="training documents of the toy corpus")
+    p.add_argument("--eval-docs", type=int, default=145, help="validation and test documents, each")
     args = p.parse_args(argv)
 
     from onmt_doc.bin import train, translate
     from onmt_doc.toy_corpus import score_context, write_corpus
 
     data = os.path.join(args.out, "data")
-    write_corpus(data, seed=1)
+    for name in ("steps", "train_docs", "eval_docs"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    write_corpus(data, seed=1, train_docs=args.train_docs, valid_docs=args.eval_docs, test_docs=args.eval_docs)
     print(f"== toy corpus written to {data}", file=sys.stderr)
     config = os.path.join(REPO, "config_examples", "quickstart.yaml")
     overrides = [f"data.{split}.{side}={data}/{split}.{ext}" for split in ("train", "valid")
