@@ -84,7 +84,7 @@ def test_translator_keeps_lines_and_documents(trained_run, tmp_path):
     hyp = out.read_text(encoding="utf-8").split("\n")[:-1]
     assert len(hyp) == len(lines)
     assert all(h == "" for h, l in zip(hyp, lines) if l == "")
-    assert sum(h != "" for h in hyp) >= 0.8 * sum(l != "" for l in lines)   # real output, not blanks
+    assert all(h != "" for h, l in zip(hyp, lines) if l != "")   # a sentence never gives a blank line
 
 
 def test_translate_from_stdin_and_score(trained_run, toy_dir, tmp_path):
@@ -118,17 +118,32 @@ def test_translate_from_stdin_and_score(trained_run, toy_dir, tmp_path):
     assert wrong_total < ref_total
 
 
-def test_bfloat16_translation_keeps_alignment_and_mostly_agrees(trained_run, toy_dir, tmp_path):
-    src = toy_dir / "test.src"
+def test_bfloat16_translation_keeps_alignment_and_agrees_with_float32(trained_run, toy_dir, tmp_path):
+    """bfloat16 weights and activations: document breaks kept, forced-decoding scores within
+    bfloat16's precision of float32's, and the same translation on most lines.
+
+    Measured on this fixture's model (60 steps, 143 test sentences): scores differ by at most
+    0.25% relative (bfloat16 keeps 8 mantissa bits: 0.4% per value), and 93% of the lines are
+    identical (the model is barely trained, so near-ties in the beam flip with the rounding). The
+    bounds, 1% and 85%, leave a margin over those numbers."""
+    src, tgt = toy_dir / "test.src", toy_dir / "test.tgt"
     ckpt = str(trained_run / "checkpoints" / "last.pt")
-    outs = {}
+    outs, scores = {}, {}
     for dtype in ("float32", "bfloat16"):
         out = tmp_path / f"{dtype}.txt"
         proc = run_cli(*TRANSLATE, "-model", ckpt, "-src", str(src), "-output", str(out), "-dtype", dtype)
         assert proc.returncode == 0, proc.stderr
         outs[dtype] = out.read_text(encoding="utf-8").split("\n")
+        proc = run_cli(*TRANSLATE, "-model", ckpt, "-src", str(src), "-tgt", str(tgt), "-score", "-dtype", dtype)
+        assert proc.returncode == 0, proc.stderr
+        scores[dtype] = [float(v) for v in proc.stdout.split("\n") if v]
     lines = src.read_text(encoding="utf-8").split("\n")
     assert len(outs["bfloat16"]) == len(lines)
     assert all(o == "" for o, l in zip(outs["bfloat16"], lines) if l == "")   # document breaks kept
-    same = sum(a == b for a, b in zip(outs["float32"], outs["bfloat16"]) if a)
-    assert same >= 0.5 * sum(1 for l in lines if l)
+    n = sum(1 for l in lines if l)
+    assert len(scores["float32"]) == len(scores["bfloat16"]) == n
+    rel = [abs(a - b) / abs(a) for a, b in zip(scores["float32"], scores["bfloat16"])]
+    assert max(rel) < 0.01, max(rel)
+    assert max(rel) > 0.0            # the model really ran in bfloat16
+    same = sum(a == b for a, b, l in zip(outs["float32"], outs["bfloat16"], lines) if l)
+    assert same >= 0.85 * n, (same, n)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, PAD_ID, SOS_ID
+from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, MASK_ID, PAD_ID, SOS_ID
 from onmt_doc.decoders.base import LengthLimit
 from onmt_doc.models.model import full_log_probs
 from onmt_doc.translate.beam_search import BeamSearch, length_penalty
@@ -133,6 +133,10 @@ def test_greedy_equals_argmax_of_forced_pass():
             lp, state = model.step(tokens, state)
             forced = torch.where(tokens == BOS_ID, SOS_ID, torch.where(tokens == EOS_SENT_ID, EOS_ID, -1))
             forced[max_len <= t] = EOS_ID
+            # no empty sentence: no </s>/<eos> before a word, <s> only at the start, no pad/bos/mask
+            lp[:, [PAD_ID, BOS_ID, MASK_ID, SOS_ID]] = float("-inf")
+            no_word = torch.tensor([len(g) <= 1 for g in greedy])          # only <s> so far
+            lp[no_word, EOS_SENT_ID] = lp[no_word, EOS_ID] = float("-inf")
             tokens = torch.where(forced >= 0, forced, lp.argmax(-1))
             for i in range(len(SIZES)):
                 if not done[i]:

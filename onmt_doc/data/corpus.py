@@ -2,14 +2,44 @@
 
 Source and target files are line-aligned, blank lines included. Readers validate as they go and
 report the file and line of the first problem; nothing is silently dropped or realigned.
+
+Line breaks (training and translation alike): a line ends at LF; a CR just before the LF (CRLF)
+is removed. Any other character that some tools read as a line break (CR alone, NEL U+0085, LS
+U+2028, PS U+2029, VT, FF, FS/GS/RS) is an error naming the file and line: a file with CR-only
+line ends would otherwise be one long line. A line that is empty or holds only whitespace (any
+Unicode whitespace, NBSP and U+3000 included) is a document break; non-empty ones are counted
+and logged as a warning naming the first, since they may be a mistake.
 """
 from __future__ import annotations
 
+import logging
+import re
 import sys
 from itertools import zip_longest
 from typing import IO, Iterator, Optional
 
 from onmt_doc.errors import DataError
+
+log = logging.getLogger("onmt_doc")
+
+# characters str.splitlines() and other tools treat as line breaks (LF is the line end itself)
+_OTHER_BREAKS = re.compile("[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+_BREAK_NAMES = {"\r": "CR (carriage return without LF: old Mac line ends? convert them to LF)",
+                "\x0b": "VT (U+000B)", "\x0c": "FF (U+000C)", "\x1c": "FS (U+001C)",
+                "\x1d": "GS (U+001D)", "\x1e": "RS (U+001E)", "\x85": "NEL (U+0085)",
+                "\u2028": "LS (U+2028)", "\u2029": "PS (U+2029)"}
+
+
+def _check_line(line: str, name: str, number: int, max_chars: int) -> None:
+    """Refuse line-break characters inside a line, then over-long lines."""
+    other = _OTHER_BREAKS.search(line)
+    if other:
+        raise DataError(f"{name}:{number}: column {other.start() + 1} holds the line break "
+                        f"{_BREAK_NAMES[other.group()]}; only LF and CRLF end lines")
+    if max_chars and len(line) > max_chars:
+        raise DataError(f"{name}:{number}: line has {len(line)} characters, more than "
+                        f"data.max_line_chars={max_chars}")
+
 
 def iter_lines(path: str, max_chars: int = 0, stream: Optional[IO[bytes]] = None) -> Iterator[str]:
     """Lines of a UTF-8 file without their line ends ('-' = standard input)."""
@@ -24,16 +54,23 @@ def iter_lines(path: str, max_chars: int = 0, stream: Optional[IO[bytes]] = None
                 raise DataError(f"{path}: file not found") from None
             except IsADirectoryError:
                 raise DataError(f"{path}: is a directory, not a text file") from None
+    blank_like, first_blank_like = 0, 0
     try:
         for number, raw in enumerate(stream, 1):
             try:
-                line = raw.decode("utf-8").rstrip("\r\n")
+                line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise DataError(f"{name}:{number}: invalid UTF-8 at byte {e.start}") from None
-            if max_chars and len(line) > max_chars:
-                raise DataError(f"{name}:{number}: line has {len(line)} characters, more than "
-                                f"data.max_line_chars={max_chars}")
-            yield line.strip()
+            line = line[:-2] if line.endswith("\r\n") else line[:-1] if line.endswith("\n") else line
+            _check_line(line, name, number, max_chars)
+            stripped = line.strip()
+            if line and not stripped:
+                blank_like += 1
+                first_blank_like = first_blank_like or number
+            yield stripped
+        if blank_like:
+            log.warning(f"{name}: {blank_like} line(s) hold only whitespace (first: line "
+                        f"{first_blank_like}); each is a document break")
     finally:
         if path != "-":
             stream.close()

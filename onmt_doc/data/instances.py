@@ -62,19 +62,23 @@ def document_instances(docs: Sequence[Sequence[tuple]], max_tokens: int) -> list
     Instances never cross documents; a sentence longer than the budget is an instance of its own.
     The budget counts markup and the ``<bos>``/``<eos>`` the decoder adds.
     """
-    examples = []
-    for d, doc in enumerate(docs):
-        start, src_len, tgt_len = 0, 1, 1
-        for i, (s, t) in enumerate(doc):
-            ls, lt = len(s) + 2, (len(t) + 2 if t is not None else 0)
-            if i > start and (src_len + ls > max_tokens or tgt_len + lt > max_tokens):
-                examples.append(_pack(doc, d, start, i))
-                start, src_len, tgt_len = i, 1, 1
-            src_len += ls
-            tgt_len += lt
-        if doc:
-            examples.append(_pack(doc, d, start, len(doc)))
-    return examples
+    return [_pack(doc, d, start, end) for d, doc in enumerate(docs) for start, end in _token_windows(doc, max_tokens)]
+
+
+def _token_windows(doc: Sequence[tuple], max_tokens: int) -> list[tuple[int, int]]:
+    """(start, end) of runs of consecutive sentences within ``max_tokens`` per side (markup and
+    ``<bos>``/``<eos>`` counted); a longer sentence is a run of its own."""
+    windows, start, src_len, tgt_len = [], 0, 1, 1
+    for i, (s, t) in enumerate(doc):
+        ls, lt = len(s) + 2, (len(t) + 2 if t is not None else 0)
+        if i > start and (src_len + ls > max_tokens or tgt_len + lt > max_tokens):
+            windows.append((start, i))
+            start, src_len, tgt_len = i, 1, 1
+        src_len += ls
+        tgt_len += lt
+    if doc:
+        windows.append((start, len(doc)))
+    return windows
 
 
 def _pack(doc: Sequence[tuple], d: int, start: int, end: int) -> Example:
@@ -85,8 +89,10 @@ def _pack(doc: Sequence[tuple], d: int, start: int, end: int) -> Example:
 
 
 def context_instances(docs: Sequence[Sequence[tuple]], max_sentences: int = 0,
-                      max_len: int = 0) -> tuple[list[Example], int]:
+                      max_len: int = 0, window_tokens: int = 0) -> tuple[list[Example], int]:
     """Whole documents, or windows of at most ``max_sentences`` consecutive sentences (HM-GDC).
+    With ``max_sentences`` 0 and ``window_tokens`` set (translation), windows are packed to that
+    many tokens per side instead of whole documents, so a long document costs linear time.
 
     Each sentence becomes its own batch row, decoded with its own memory and the context of its
     window. The window's position is ``first``. With ``max_len``, a window holding a longer pair is
@@ -95,9 +101,13 @@ def context_instances(docs: Sequence[Sequence[tuple]], max_sentences: int = 0,
     """
     examples, dropped = [], 0
     for d, doc in enumerate(docs):
-        size = max_sentences or len(doc)
-        for start in range(0, len(doc), size):
-            window = doc[start:start + size]
+        if max_sentences or not window_tokens:
+            size = max_sentences or len(doc)
+            spans = [(start, min(start + size, len(doc))) for start in range(0, len(doc), size)]
+        else:
+            spans = _token_windows(doc, window_tokens)
+        for start, end in spans:
+            window = doc[start:end]
             if max_len and any(len(s) > max_len or (t is not None and len(t) > max_len) for s, t in window):
                 dropped += len(window)
                 continue
@@ -109,12 +119,14 @@ def context_instances(docs: Sequence[Sequence[tuple]], max_sentences: int = 0,
 
 
 def build_instances(unit: str, docs: Sequence[Sequence[tuple]], max_tokens: int,
-                    max_len: int = 0, max_sentences: int = 0) -> tuple[list[Example], int]:
+                    max_len: int = 0, max_sentences: int = 0,
+                    window_tokens: int = 0) -> tuple[list[Example], int]:
     """Instances for a model's unit: ``document`` packs consecutive sentences of a document up to
-    ``max_tokens``; ``context`` takes document windows of ``max_sentences`` (0 = whole documents)
-    whose sentences are batch rows; ``sentence`` uses one instance per sentence pair."""
+    ``max_tokens``; ``context`` takes document windows of ``max_sentences`` (0 = whole documents,
+    or, with ``window_tokens`` as translation sets it, windows packed to that many tokens) whose
+    sentences are batch rows; ``sentence`` uses one instance per sentence pair."""
     if unit == "document":
         return document_instances(docs, max_tokens), 0
     if unit == "context":
-        return context_instances(docs, max_sentences, max_len)
+        return context_instances(docs, max_sentences, max_len, window_tokens)
     return sentence_instances(docs, max_len)

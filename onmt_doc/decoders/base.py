@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from onmt_doc.data.batching import Batch
-from onmt_doc.data.vocab import PAD_ID
+from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, MASK_ID, PAD_ID, SOS_ID, SPECIALS, UNK_ID
 from onmt_doc.encoders.base import EncoderOut
 from onmt_doc.modules.state import DecoderState
 
@@ -25,13 +25,45 @@ class DecoderOut:
 
 @dataclass(frozen=True)
 class LengthLimit:
-    """Output length cap ``ratio × source length + add`` (of a sentence, or of each sentence of a
-    document for document decoders)."""
+    """Output length cap ``min(ratio × source length + add, max_length)``, at least 1 (of a
+    sentence, or of each sentence of a document for document decoders). ``max_length`` bounds the
+    work of a long input line whatever the ratio (OpenNMT-py also caps at 250)."""
     ratio: float = 1.5
     add: int = 10
+    max_length: int = 250
 
     def __call__(self, src_len: torch.Tensor) -> torch.Tensor:
-        return (src_len.float() * self.ratio).long() + self.add
+        cap = (src_len.float() * self.ratio).long() + self.add
+        return cap.clamp(min=1, max=max(self.max_length, 1))
+
+
+# never generated: padding, a second <bos>, the word-dropout mask
+_NEVER = (PAD_ID, BOS_ID, MASK_ID)
+
+
+def is_word(tokens: torch.Tensor) -> torch.Tensor:
+    """Tokens that are text (every non-special token, and <unk>)."""
+    return tokens.ge(len(SPECIALS)) | tokens.eq(UNK_ID)
+
+
+def forbid_empty(log_probs: torch.Tensor, last: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+    """The rule every decoder's search obeys, so a non-empty source line never gives an empty
+    output line: ``</s>`` and ``<eos>`` are forbidden while the current sentence (since its
+    ``<s>``, or since ``<bos>``) has no word; ``<s>`` may only follow ``<bos>`` or ``</s>``;
+    padding, ``<bos>`` and ``<mask>`` are never generated. ``last`` [rows]: each row's last token;
+    ``words`` [rows]: words in its current sentence (:func:`count_words`)."""
+    inf = float("-inf")
+    lp = log_probs.index_fill(1, torch.tensor(_NEVER, device=log_probs.device), inf)
+    lp[:, SOS_ID] = lp[:, SOS_ID].masked_fill(~(last.eq(BOS_ID) | last.eq(EOS_SENT_ID)), inf)
+    empty = words.eq(0)
+    lp[:, EOS_SENT_ID] = lp[:, EOS_SENT_ID].masked_fill(empty, inf)
+    lp[:, EOS_ID] = lp[:, EOS_ID].masked_fill(empty, inf)
+    return lp
+
+
+def count_words(words: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Words in each row's current sentence after emitting ``tokens``: <s> starts a sentence."""
+    return torch.where(tokens.eq(SOS_ID), 0, words + is_word(tokens).long())
 
 
 def force_tokens(log_probs: torch.Tensor, force: torch.Tensor) -> torch.Tensor:
@@ -47,8 +79,9 @@ class Decoder(nn.Module):
     needs: ClassVar[tuple[str, ...]] = ()      # EncoderOut.extra keys it reads (checked when building)
 
     def max_output_lengths(self, batch: Batch, limit: LengthLimit) -> torch.Tensor:
-        """[B] most tokens beam search may generate per row (the final <eos> forced at the cap)."""
-        return limit(batch.src.ne(PAD_ID).sum(1))
+        """[B] most tokens beam search may generate per row (the final <eos> forced at the cap);
+        at least 3, room for ``<s> word </s>``."""
+        return limit(batch.src.ne(PAD_ID).sum(1)).clamp(min=3)
 
     def forward(self, tgt_in: torch.Tensor, enc_out: EncoderOut, batch: Batch) -> DecoderOut:  # pragma: no cover
         raise NotImplementedError
@@ -63,5 +96,6 @@ class Decoder(nn.Module):
         raise NotImplementedError
 
     def constrain(self, log_probs: torch.Tensor, state: DecoderState) -> torch.Tensor:
-        """Restrict the next token during search (e.g. document structure); default: no rule."""
+        """Restrict the next token during search (e.g. document structure); default: no rule.
+        Beam search applies :func:`forbid_empty` to every decoder after this."""
         return log_probs

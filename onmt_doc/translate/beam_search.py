@@ -12,6 +12,9 @@ whose token is forced (``<s>`` after ``<bos>``) run on one row per sentence, not
 When every row holds one sentence (translation units ``sentence`` and ``context``) the output
 is ``<s> w1 … wn </s> <eos>``: ``<s>`` is forced after ``<bos>`` and ``<eos>`` after ``</s>``,
 keeping their model scores (document decoders state their own rules in ``Decoder.constrain``).
+Every decoder also obeys :func:`~onmt_doc.decoders.base.forbid_empty` (no ``</s>``/``<eos>``
+before a sentence has a word): a non-empty source line never gives an empty output line.
+Output length per sentence: ``min(max_len_ratio × source + max_len_add, max_length)``.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import torch
 
 from onmt_doc.data.batching import Batch
 from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, SOS_ID
-from onmt_doc.decoders.base import LengthLimit, force_tokens
+from onmt_doc.decoders.base import LengthLimit, count_words, forbid_empty, force_tokens
 from onmt_doc.models.model import EncoderDecoder
 
 
@@ -48,11 +51,11 @@ def forced_next(last: torch.Tensor, at_cap: torch.Tensor, one_sentence: bool) ->
 
 class BeamSearch:
     def __init__(self, beam: int = 5, n_best: int = 1, alpha: float = 1.0, max_len_ratio: float = 1.5,
-                 max_len_add: int = 10):
+                 max_len_add: int = 10, max_length: int = 250):
         if n_best > beam:
             raise ValueError(f"n_best ({n_best}) cannot exceed the beam size ({beam})")
         self.beam, self.n_best, self.alpha = beam, n_best, alpha
-        self.max_len_ratio, self.max_len_add = max_len_ratio, max_len_add
+        self.limit = LengthLimit(max_len_ratio, max_len_add, max_length)
 
 
     @torch.no_grad()
@@ -61,7 +64,7 @@ class BeamSearch:
         k, device = self.beam, batch.src.device
         n = batch.size
         enc_out = model.encode(batch)
-        limit = LengthLimit(self.max_len_ratio, self.max_len_add)
+        limit = self.limit
         state = model.init_state(enc_out, batch, limit)              # one row per sentence: width 1
         max_len = model.decoder.max_output_lengths(batch, limit).to(device)
         one_sentence = model.unit != "document"
@@ -69,6 +72,7 @@ class BeamSearch:
         width = 1                                                    # rows per alive sentence
         scores = torch.zeros(n, 1, device=device)
         seqs = torch.full((n, 1), BOS_ID, dtype=torch.long, device=device)
+        words = torch.zeros(n, dtype=torch.long, device=device)     # words in each row's current sentence
         finished: list[list[Hypothesis]] = [[] for _ in range(n)]
         t = 0
         while alive.numel():
@@ -76,8 +80,8 @@ class BeamSearch:
             lp, state = model.step(seqs[:, -1], state)
             lp = model.decoder.constrain(lp, state)
             force = forced_next(seqs[:, -1], (max_len <= t).repeat_interleave(width), one_sentence)
-            if force.ge(0).any():
-                lp = force_tokens(lp, force)
+            free = forbid_empty(lp, seqs[:, -1], words)
+            lp = torch.where(force.ge(0)[:, None], force_tokens(lp, force), free) if force.ge(0).any() else free
             vocab = lp.size(-1)
             cand = (scores.view(-1, 1) + lp).view(b, width * vocab)
             top_scores, top_ids = cand.topk(min(2 * k, width * vocab), dim=1)
@@ -106,6 +110,7 @@ class BeamSearch:
             elif rows.numel():
                 state = state.reorder(rows, same_sources=new_width == width)
             seqs = torch.cat([seqs.index_select(0, rows), new_tokens], dim=1)
+            words = count_words(words.index_select(0, rows), new_tokens.view(-1))
             scores, width = new_scores, new_width
         return [sorted(h, key=lambda x: -x.score)[: self.n_best] for h in finished]
 

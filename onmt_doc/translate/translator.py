@@ -4,13 +4,22 @@ Input is read as a stream of documents; a buffer of up to ``translate.buffer_sen
 sentences is split into the model's instances (sentences, or document chunks for document
 models), translated in length-sorted batches, and each document is written as soon as all its
 sentences are done (in input order). Exactly one output line per input line; blank lines kept.
+
+What an output line can be: empty for a document break (a blank or whitespace-only input line),
+otherwise never empty. With ``n_best`` = k > 1, every model writes k tab-separated hypotheses per
+line, best first (a document model's j-th field holds the sentence of its j-th best document
+translation). Work per input is bounded: a source line longer than ``translate.max_input_tokens``
+subwords is split at a word boundary, its pieces translated on their own and joined with a space;
+each sentence's output is capped at ``translate.max_length`` tokens; document models translate
+long documents in windows (``data.max_tokens``; HM-GDC: ``translate.window_sentences``).
 """
 from __future__ import annotations
 
-import sys
-from dataclasses import replace
+import logging
+from dataclasses import dataclass, replace
 from typing import IO, Callable, Iterable, Iterator, Optional, Sequence
 
+import numpy as np
 import torch
 
 from onmt_doc.config import Config, TranslateConfig
@@ -23,15 +32,31 @@ from onmt_doc.evaluation.bleu import report
 from onmt_doc.models.model import EncoderDecoder, full_log_probs
 from onmt_doc.translate.beam_search import BeamSearch
 
+log = logging.getLogger("onmt_doc")
+
 _SKIP = {BOS_ID, EOS_ID, PAD_ID}
+_JOINER = "\uffed"          # pyonmttok's joiner: the token attaches to its neighbour
+_SPACER = "\u2581"          # SentencePiece's word-start mark
+# characters that would break the one-line-per-input-line output (tab separates n-best fields)
+_NOT_IN_LINE = str.maketrans({c: " " for c in "\t\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
+EMPTY_FILL = "<unk>"        # written (and counted) if a translation decodes to no text
 
 
-def split_sentences(ids: Sequence[int], n: int) -> list[list[int]]:
-    """Split generated ids into ``n`` sentences by their ``<s> … </s>`` markup.
+@dataclass
+class TranslationStats:
+    """What the translator had to repair, for the log and the command's final line."""
+    lines_split: int = 0       # source lines longer than max_input_tokens, translated in pieces
+    docs_repaired: int = 0     # document instances whose output had the wrong number of sentences
+    empty_filled: int = 0      # translations that decoded to no text, written as EMPTY_FILL
 
-    Sentence models make one sentence; if a model makes too few or too many, missing sentences are
-    empty and extra ones are joined to the last, so the output never loses its alignment.
-    """
+    def summary(self) -> str:
+        return (f"{self.lines_split} long lines split, {self.docs_repaired} document outputs padded or "
+                f"merged to the source's sentence count, {self.empty_filled} empty translations "
+                f"written as {EMPTY_FILL}")
+
+
+def markup_sentences(ids: Sequence[int]) -> list[list[int]]:
+    """The sentences of generated ids, by their ``<s> … </s>`` markup."""
     sents: list[list[int]] = []
     cur: list[int] = []
     for i in ids:
@@ -46,11 +71,41 @@ def split_sentences(ids: Sequence[int], n: int) -> list[list[int]]:
             cur.append(i)
     if cur:
         sents.append(cur)
+    return sents
+
+
+def split_sentences(ids: Sequence[int], n: int) -> list[list[int]]:
+    """Split generated ids into ``n`` sentences by their ``<s> … </s>`` markup.
+
+    Sentence models make one sentence; if a model makes too few or too many, missing sentences are
+    empty and extra ones are joined to the last, so the output never loses its alignment (the
+    translator counts such repairs).
+    """
+    sents = markup_sentences(ids)
     if n == 1:
         return [[t for s in sents for t in s]]
     if len(sents) > n:
         sents = sents[: n - 1] + [[t for s in sents[n - 1:] for t in s]]
     return sents + [[] for _ in range(n - len(sents))]
+
+
+def piece_spans(tokens: Sequence[str], limit: int, sentencepiece: bool) -> list[tuple[int, int]]:
+    """Cut a subword sequence into spans of at most ``limit`` tokens, each cut at the last word
+    boundary in the second half of its span (else at the limit itself)."""
+    spans, start = [], 0
+    while len(tokens) - start > limit:
+        end = start + limit
+        cut = next((i for i in range(end, start + limit // 2, -1) if _starts_word(tokens, i, sentencepiece)), end)
+        spans.append((start, cut))
+        start = cut
+    spans.append((start, len(tokens)))
+    return spans
+
+
+def _starts_word(tokens: Sequence[str], i: int, sentencepiece: bool) -> bool:
+    if sentencepiece:
+        return tokens[i].startswith(_SPACER)
+    return not (tokens[i - 1].endswith(_JOINER) or tokens[i].startswith(_JOINER))
 
 
 class Translator:
@@ -60,18 +115,42 @@ class Translator:
         self.opt = options or cfg.translate
         self.device = device or next(model.parameters()).device
         self.search = BeamSearch(self.opt.beam, self.opt.n_best, self.opt.length_penalty,
-                                 self.opt.max_len_ratio, self.opt.max_len_add)
+                                 self.opt.max_len_ratio, self.opt.max_len_add, self.opt.max_length)
+        self.stats = TranslationStats()
 
     # ------------------------------------------------------------------ shared machinery
-    def _instances(self, docs: Sequence[Sequence[tuple]], with_target: bool) -> list[Example]:
+    def _split_long(self, ids: np.ndarray) -> list[np.ndarray]:
+        """A source sentence as pieces of at most ``max_input_tokens`` subwords."""
+        limit = self.opt.max_input_tokens
+        if len(ids) <= limit:
+            return [ids]
+        tokens = self.codec.src_vocab.tokens(ids.tolist())
+        spans = piece_spans(tokens, limit, self.codec.src_subword.kind == "sentencepiece")
+        self.stats.lines_split += 1
+        return [ids[a:b] for a, b in spans]
+
+    def _encode(self, docs: Sequence[Sequence[tuple]], with_target: bool) -> tuple[list[list[tuple]], list[list[int]]]:
+        """Tokenized documents and, per sentence, the number of pieces it was split into
+        (translation only: a scored target belongs to its whole source line)."""
         flat_src = self.codec.encode([s for d in docs for s, _ in d], "src")
         flat_tgt = self.codec.encode([t for d in docs for _, t in d], "tgt") if with_target else None
-        tok_docs, i = [], 0
+        tok_docs, pieces, i = [], [], 0
         for d in docs:
-            tok_docs.append([(flat_src[i + j], flat_tgt[i + j] if flat_tgt else None) for j in range(len(d))])
+            tok_doc, counts = [], []
+            for j in range(len(d)):
+                parts = [flat_src[i + j]] if with_target else self._split_long(flat_src[i + j])
+                tok_doc += [(p, flat_tgt[i + j] if flat_tgt else None) for p in parts]
+                counts.append(len(parts))
+            tok_docs.append(tok_doc)
+            pieces.append(counts)
             i += len(d)
-        examples, _ = build_instances(self.model.unit, tok_docs, self.cfg.data.max_tokens,
-                                      max_sentences=self.cfg.data.max_sentences)
+        return tok_docs, pieces
+
+    def _instances(self, tok_docs: list[list[tuple]]) -> list[Example]:
+        data = self.cfg.data
+        examples, _ = build_instances(self.model.unit, tok_docs, data.max_tokens,
+                                      max_sentences=self.opt.window_sentences or data.max_sentences,
+                                      window_tokens=data.max_tokens)
         return examples
 
     def _process(self, items: Iterable[Optional[list]], run: Callable[[list, list[Example]], Iterator],
@@ -89,25 +168,37 @@ class Translator:
 
     def _flush(self, items: list, run: Callable, with_target: bool) -> Iterator[Optional[list]]:
         docs = [d for d in items if d]
-        outputs: list[list] = [[None] * len(d) for d in docs]
-        remaining = [len(d) for d in docs]
+        tok_docs, pieces = self._encode(docs, with_target) if docs else ([], [])
+        outputs: list[list] = [[None] * len(d) for d in tok_docs]
+        remaining = [len(d) for d in tok_docs]
         doc_of_item = []
         k = 0
         for item in items:
             doc_of_item.append(k if item else None)
             k += 1 if item else 0
         next_item = 0
-        examples = self._instances(docs, with_target) if docs else []
+        examples = self._instances(tok_docs) if docs else []
         for done_docs in run(outputs, examples):
             for d, n in done_docs:
                 remaining[d] -= n
             while next_item < len(items) and (doc_of_item[next_item] is None
                                                or remaining[doc_of_item[next_item]] == 0):
                 d = doc_of_item[next_item]
-                yield None if d is None else outputs[d]
+                yield None if d is None else self._join(outputs[d], pieces[d])
                 next_item += 1
         for i in range(next_item, len(items)):
-            yield None if doc_of_item[i] is None else outputs[doc_of_item[i]]
+            d = doc_of_item[i]
+            yield None if d is None else self._join(outputs[d], pieces[d])
+
+    @staticmethod
+    def _join(outputs: list[list[str]], counts: list[int]) -> list[str]:
+        """One line per input sentence: its pieces' fields joined with a space, fields with a tab."""
+        lines, i = [], 0
+        for c in counts:
+            parts = outputs[i:i + c]
+            lines.append("\t".join(" ".join(p[j] for p in parts) for j in range(len(parts[0]))))
+            i += c
+        return lines
 
     def _batches(self, examples: list[Example], by_source_only: bool):
         for idx in ordered_batches(examples, self.opt.batch_tokens, by_source_only, self.opt.batch_sentences):
@@ -122,17 +213,33 @@ class Translator:
             yield ex, first, ex.n_sents if ex.sent_lens is None else 1
 
     # ------------------------------------------------------------------ translation
+    def _text(self, ids: list[int]) -> str:
+        """Detokenized text of one output sentence: one line, never empty."""
+        text = self.codec.decode(ids).translate(_NOT_IN_LINE).strip()
+        if not text:
+            self.stats.empty_filled += 1
+            return EMPTY_FILL
+        return text
+
+    def _hypothesis_lines(self, hyps: list, n: int) -> list[list[str]]:
+        """[n sentences][n_best fields]: the sentences of each hypothesis, best first; when the
+        search finished fewer than n_best, the last one is repeated (fixed number of fields)."""
+        hyps = (hyps or [None])[: self.opt.n_best]
+        hyps = hyps + [hyps[-1]] * (self.opt.n_best - len(hyps))
+        fields = []
+        for h in hyps:
+            sents = markup_sentences(h.tokens if h else [])
+            if n > 1 and len(sents) != n:
+                self.stats.docs_repaired += 1
+            fields.append([self._text(s) for s in split_sentences(h.tokens if h else [], n)])
+        return [[f[i] for f in fields] for i in range(n)]
+
     @torch.no_grad()
     def _run_translation(self, outputs: list[list], examples: list[Example]) -> Iterator[list[tuple[int, int]]]:
         for idx, batch in self._batches(examples, by_source_only=True):
             done = []
             for (ex, first, n), hyps in zip(self._rows(idx, batch, examples), self.search.search(self.model, batch)):
-                if self.opt.n_best > 1 and n == 1:   # n-best of a sentence: tab-separated
-                    lines = ["\t".join(self.codec.decode(split_sentences(h.tokens, 1)[0]) for h in hyps)]
-                else:
-                    best = hyps[0].tokens if hyps else []
-                    lines = [self.codec.decode(sent) for sent in split_sentences(best, n)]
-                outputs[ex.doc][first:first + n] = lines
+                outputs[ex.doc][first:first + n] = self._hypothesis_lines(hyps, n)
                 done.append((ex.doc, n))
             yield done
 
@@ -158,7 +265,7 @@ class Translator:
             for row, (ex, first, n) in enumerate(self._rows(idx, batch, examples)):
                 sums = torch.zeros(n + 1, dtype=lp.dtype).index_add_(0, tags[row].cpu(), lp[row].cpu())
                 for j in range(n):
-                    outputs[ex.doc][first + j] = f"{float(sums[j + 1]):.4f}"
+                    outputs[ex.doc][first + j] = [f"{float(sums[j + 1]):.4f}"]
                 done.append((ex.doc, n))
             yield done
 
@@ -173,6 +280,7 @@ class Translator:
                   on_document: Optional[Callable[[int], None]] = None) -> Optional[dict]:
         """Translate (or score) ``src`` into ``output``; with ``tgt`` return BLEU/chrF(/d-BLEU)."""
         documents = self.cfg.data.documents
+        self.stats = TranslationStats()
         items = iter_parallel(src, tgt, documents, self.cfg.data.max_line_chars)
         if not score:
             refs: list[list[str]] = []
@@ -193,9 +301,11 @@ class Translator:
             output.write("".join(line + "\n" for line in out))
             output.flush()
             if tgt and not score:
-                hyp_docs.append(out)
+                hyp_docs.append([line.split("\t")[0] for line in out])   # BLEU of the best hypothesis
             if on_document:
                 on_document(n)
+        if self.stats != TranslationStats():
+            log.warning(f"{src}: {self.stats.summary()}")
         if tgt and not score:
             return report(hyp_docs, refs, documents)
         return None
