@@ -13,6 +13,11 @@ sizes, vocabulary, batches, schedule and steps:
 
     python benchmarks/context_gates.py --out runs/bench_context_gates --steps 400   # ~25 min, 2 cores
     python benchmarks/context_gates.py --out runs/bench_cg_smoke --steps 20 --no-concat   # smoke test
+
+Runs are named ``<model>_<norm>`` (``regularized_<norm>_<normaliser>``), so calls with other
+``--norm`` / ``--normaliser`` and ``--only models`` add rows to the same ``<out>/results.json``.
+The Transformer uses the gated decoders' blocks (pre-norm for ``--norm paper``, which it lacks).
+Every model is analysed with z* under both normalisers (CER and CE/FE depend on it).
 """
 from __future__ import annotations
 
@@ -91,14 +96,17 @@ def base_config(args, run_dir: str) -> dict:
 def model_configs(args, out: str) -> dict[str, dict]:
     shape = {"layers": args.layers, "heads": 4, "ff": 4 * args.d_model}
     ce = {"type": "label_smoothed_ce", "smoothing": 0.1}
-    hinge = {"type": "pmi_gate_hinge", "weight": args.weight, "table": f"{out}/pmi.npz"}
-    decoders = {"transformer": ({"type": "transformer", **shape}, [ce]),
-                "context_gates": ({"type": "gated_transformer", "norm": args.norm, **shape}, [ce]),
-                "regularized": ({"type": "gated_transformer", "norm": args.norm, **shape}, [ce, hinge])}
+    hinge = {"type": "pmi_gate_hinge", "weight": args.weight, "table": f"{out}/pmi.npz",
+             "normaliser": args.normaliser}
+    gated = {"type": "gated_transformer", "norm": args.norm, **shape}
+    decoders = {"transformer": ({"type": "transformer", "pre_norm": args.norm != "post", **shape}, [ce]),
+                "context_gates": (gated, [ce]),
+                "regularized": (gated, [ce, hinge])}
     configs = {}
     for name, (decoder, losses) in decoders.items():
-        cfg = base_config(args, f"{out}/{name}/run")
-        cfg["model"]["decoder"] = decoder
+        run = f"{name}_{args.norm}" + (f"_{args.normaliser}" if name == "regularized" else "")
+        cfg = base_config(args, f"{out}/{run}/run")
+        cfg["model"]["decoder"] = dict(decoder)
         cfg["loss"] = losses
         configs[name] = cfg
     return configs
@@ -146,9 +154,9 @@ def write_concat(path: str, limit: int) -> int:
     return n
 
 
-def summary(stderr: str) -> str:
-    """The build_pmi_table.py result line."""
-    return next((line for line in stderr.splitlines() if "sentence pairs:" in line), "")
+def summary(stderr: str, marker: str = "sentence pairs:") -> str:
+    """The build_pmi_table.py line with ``marker`` (the counts, or the share of z* = 1)."""
+    return next((line for line in stderr.splitlines() if marker in line), "")
 
 
 def count_tokens(path: str, codec_cfg: str) -> float:
@@ -168,6 +176,8 @@ def main() -> None:
     recipe_arguments(p, "runs/bench_context_gates", 400)
     p.add_argument("--weight", type=float, default=1.0, help="λ of the hinge loss")
     p.add_argument("--norm", default="paper", choices=["paper", "pre", "post"], help="gated decoder's norm placement")
+    p.add_argument("--normaliser", default="shared", choices=["shared", "per_scenario"],
+                   help="Z of eq. 6 for the regularized model's z*")
     p.add_argument("--concat", type=int, default=100000, help="pairs of the PMI counting benchmark")
     p.add_argument("--no-concat", dest="concat", action="store_const", const=0)
     p.add_argument("--models", default="transformer,context_gates,regularized",
@@ -181,8 +191,8 @@ def main() -> None:
     if args.only and os.path.exists(f"{out}/results.json"):
         with open(f"{out}/results.json", encoding="utf-8") as f:
             old = json.load(f)
-        results["models"], results["pmi"] = old.get("models", {}), old.get("pmi", {})
-        redo = ("build_pmi_table", " -c ") if args.only == "pmi" else ("onmt_doc_train", "onmt_doc_translate", "gate_analysis")
+        results["pmi"], results["runs"] = old.get("pmi", {}), old.get("runs", {})
+        redo = ("build_pmi_table", " -c ") if args.only == "pmi" else ()   # model runs add rows
         results["commands"] = [c for c in old["commands"] if not any(r in c for r in redo)]
         results["args"] = {**old["args"], **{k: v for k, v in vars(args).items() if k in ("only", "concat")}}
 
@@ -200,7 +210,7 @@ def main() -> None:
     if args.only != "models":
         results["pmi"] = count_pmi(args, out, vocab_cfg, run)
     if args.only != "pmi":
-        results["models"] = train_models(args, out, run)
+        results.setdefault("runs", {}).update(train_models(args, out, run))
     write_results(out, results, render)
 
 
@@ -210,6 +220,9 @@ def count_pmi(args, out: str, vocab_cfg: str, run) -> dict:
     _, base_rss, _ = run("imports", [py, "-c", "import onmt_doc.pmi, onmt_doc.data.prepare, torch"])
     pmi = {"imports_rss_mib": base_rss}
     wall, rss, err = run("pmi_multi30k", [py, "tools/build_pmi_table.py", "-config", vocab_cfg, "-output", f"{out}/pmi.npz"])
+    _, _, err_ps = run("pmi_multi30k_per_scenario", [py, "tools/build_pmi_table.py", "-config", vocab_cfg, "-output",
+                                                     f"{out}/pmi_per_scenario.npz", "-normaliser", "per_scenario"])
+    pmi["z_star_train"] = {"shared": summary(err, "z* = 1 for"), "per_scenario": summary(err_ps, "z* = 1 for")}
     pmi["multi30k"] = {"pairs": 29000, "seconds": wall, "rss_mib": rss, "summary": summary(err),
                        "tgt_subwords_per_sentence": count_tokens(f"{M30K}/train.de", vocab_cfg),
                        "file_mib": os.path.getsize(f"{out}/pmi.npz") / 2 ** 20}
@@ -224,15 +237,15 @@ def count_pmi(args, out: str, vocab_cfg: str, run) -> dict:
 
 
 def train_models(args, out: str, run) -> dict:
-    """Train, translate and analyse the three models."""
+    """Train, translate and analyse the chosen models; rows keyed by run name."""
     py = sys.executable
     models = {}
-    for name, cfg in model_configs(args, out).items():
-        if name not in args.models.split(","):
+    for model, cfg in model_configs(args, out).items():
+        if model not in args.models.split(","):
             continue
-        run_dir = cfg["log"]["dir"]
+        name = os.path.basename(os.path.dirname(cfg["log"]["dir"]))
         path, ckpt = prepare_run(cfg, out, name)
-        row: dict = {}
+        row: dict = {"model": model, "norm": args.norm, "normaliser": args.normaliser if model == "regularized" else ""}
         if not os.path.exists(ckpt):
             row["train_seconds"], _, err = run(f"{name}_train", [shutil.which("onmt_doc_train") or "onmt_doc_train",
                                                                  "-config", path])
@@ -247,11 +260,12 @@ def train_models(args, out: str, run) -> dict:
                                               "-src", f"{M30K}/test2016.en", "-tgt", f"{M30K}/test2016.de", "-beam", "4",
                                               "-threads", str(args.threads), "-output", f"{out}/{name}/test.hyp"])
         row["bleu"] = float(re.search(r"BLEU ([\d.]+)", err).group(1))
-        run(f"{name}_analysis", [py, "tools/gate_analysis.py", "-model", ckpt, "-src", f"{M30K}/test2016.en",
-                                 "-tgt", f"{M30K}/test2016.de", "-table", f"{out}/pmi.npz", "-threads",
-                                 str(args.threads), "-output", f"{out}/{name}/analysis.json"])
-        with open(f"{out}/{name}/analysis.json", encoding="utf-8") as f:
-            row.update(json.load(f))
+        for z in ("shared", "per_scenario"):
+            run(f"{name}_analysis_{z}", [py, "tools/gate_analysis.py", "-model", ckpt, "-src", f"{M30K}/test2016.en",
+                                         "-tgt", f"{M30K}/test2016.de", "-table", f"{out}/pmi.npz", "-normaliser", z,
+                                         "-threads", str(args.threads), "-output", f"{out}/{name}/analysis_{z}.json"])
+            with open(f"{out}/{name}/analysis_{z}.json", encoding="utf-8") as f:
+                row[z] = json.load(f)
         models[name] = row
         log(f"{name}: {row}")
     return models
@@ -261,23 +275,34 @@ def render(results: dict) -> str:
     a = results["args"]
     lines = [f"Machine: {results['machine']}; {a['threads']} threads. Model: d_model {a['d_model']}, "
              f"{a['layers']}+{a['layers']} layers, 4 heads, ff {4 * a['d_model']}, {a['steps']} steps of "
-             f"{a['batch_tokens']} tokens, gated decoder norm `{a['norm']}`, λ = {a['weight']}.", "",
-             "| model | params | train s | BLEU | FER % | CER % | CE/FE % | gate mean | gate var | gates on the wrong side of z* % | valid |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for name, r in results["models"].items():
-        gate = (f"{r['gate_mean']:.3f} | {r['gate_var']:.3f} | {r['gate_wrong_side']:.1f}"
-                if "gate_mean" in r else "– | – | –")
-        lines.append(f"| {name} | {r['params_m']}M | {r.get('train_seconds', float('nan')):.0f} | {r['bleu']:.2f} | "
-                     f"{r['FER']:.1f} | {r['CER']:.1f} | {r['CE/FE']:.1f} | {gate} | {r['valid']} |")
-    first = next(iter(results["models"].values()))
-    lines += ["", f"test2016: {first['tokens']} target subwords (markup excluded), z* = 1 for "
-              f"{first['z_star_source']:.1f}% of them.", ""]
+             f"{a['batch_tokens']} tokens, λ = {a['weight']}. CER, CE/FE and gates on the wrong side: "
+             "z* with the shared / per-scenario normaliser.", "",
+             "| run | decoder norm | z* of the hinge | params | train s | BLEU | FER % | CER % | CE/FE % | gate mean "
+             "| gate var | gates on the wrong side of z* % | valid |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    runs = results.get("runs", {})
+    for name, r in runs.items():
+        sh, ps = r["shared"], r["per_scenario"]
+        gate = (f"{sh['gate_mean']:.3f} | {sh['gate_var']:.3f} | {sh['gate_wrong_side']:.1f} / {ps['gate_wrong_side']:.1f}"
+                if "gate_mean" in sh else "– | – | –")
+        lines.append(f"| {name} | {r['norm']} | {r['normaliser'] or '–'} | {r['params_m']}M | "
+                     f"{r.get('train_seconds', float('nan')):.0f} | {r['bleu']:.2f} | {sh['FER']:.1f} | "
+                     f"{sh['CER']:.1f} / {ps['CER']:.1f} | {sh['CE/FE']:.1f} / {ps['CE/FE']:.1f} | {gate} | "
+                     f"{r['valid'].replace(' | ', ', ')} |")
+    if runs:
+        first = next(iter(runs.values()))
+        lines += ["", f"test2016: {first['shared']['tokens']} target subwords (markup excluded), z* = 1 for "
+                  f"{first['shared']['z_star_source']:.1f}% of them (shared normaliser) and "
+                  f"{first['per_scenario']['z_star_source']:.1f}% (per-scenario).", ""]
     pmi = results.get("pmi", {})
+    if "z_star_train" in pmi:
+        lines += ["Training corpus (tools/build_pmi_table.py, last line): " +
+                  "; ".join(f"{k}: {v}" for k, v in pmi["z_star_train"].items()), ""]
     if pmi:
         lines += ["| PMI table | sentence pairs | target subwords / sentence | time s | peak RSS MiB | table file MiB | counts |",
                   "|---|---:|---:|---:|---:|---:|---|"]
         for key, r in pmi.items():
-            if isinstance(r, dict):
+            if isinstance(r, dict) and "pairs" in r:
                 lines.append(f"| {key} | {r['pairs']} | {r['tgt_subwords_per_sentence']:.1f} | {r['seconds']:.1f} | "
                              f"{r['rss_mib']:.0f} | {r['file_mib']:.1f} | {r['summary']} |")
         lines += ["", f"Peak RSS of the imports alone (python, torch, onmt_doc): {pmi['imports_rss_mib']:.0f} MiB.", ""]

@@ -23,14 +23,21 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+HM_PART = "{type: hierarchical, layers: 2, heads: 4, ff: 256, doc_layers: 1}"
+HM_DEC = "{type: doc_context, layers: 2, heads: 4, ff: 256}"
 G_PART = "{type: g_transformer, layers: 2, heads: 4, ff: 256, global_layers: 1}"
 SYSTEMS = {
     "transformer": [],
     "g_transformer": [f"model.encoder={G_PART}",
                       "model.decoder={type: g_transformer, layers: 2, heads: 4, ff: 256, global_layers: 1, "
                       "global_cross_layers: 1}", "data.max_tokens=128"],
-    "hm_gdc": ["model.encoder={type: hierarchical, layers: 2, heads: 4, ff: 256, doc_layers: 1}",
-               "model.decoder={type: doc_context, layers: 2, heads: 4, ff: 256}"],
+    # HM-GDC readings of eqs. 5-6 (docs/models/hm_gdc.md): hm_gdc = the defaults (every word reads
+    # its own sentence's slot H^S_i), hm_gdc_document = every word attends over all H^S_k;
+    # hm_gdc_own_decoder also restricts the DocEnc-Decoder attention to the sentence's own words
+    "hm_gdc": [f"model.encoder={HM_PART}", f"model.decoder={HM_DEC}"],
+    "hm_gdc_document": [f"model.encoder={HM_PART}", "model.encoder.context=document", f"model.decoder={HM_DEC}"],
+    "hm_gdc_own_decoder": [f"model.encoder={HM_PART}", f"model.decoder={HM_DEC}",
+                           "model.decoder.context=own_sentence"],
 }
 
 
@@ -40,6 +47,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS))
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="extra config overrides for every system (ablations, e.g. model.encoder.doc_layers=2)")
     args = p.parse_args()
     from onmt_doc.toy_corpus import score_context, write_corpus
     out = os.path.abspath(args.out)
@@ -53,7 +62,7 @@ def main() -> int:
                      for side in ("src", "tgt")]
         overrides += [f"log.dir={run_dir}", f"train.max_steps={args.steps}", f"train.valid_every={args.steps}",
                       f"train.save_every={args.steps}", "log.tensorboard=false", f"train.threads={args.threads}",
-                      *SYSTEMS[name]]
+                      *SYSTEMS[name], *args.set]
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
         t0 = time.time()
         subprocess.run([sys.executable, "-m", "onmt_doc.bin.train", "-config", config, *overrides], check=True,

@@ -8,8 +8,16 @@ Counts over a tokenized parallel corpus (the run's subword ids, without markup):
   occurrence of type y_i (k < i; once per sentence);
 - unigram ``C(w)``: token counts of each side.
 
-``pmi(μ, ν) = log Z + log C(μ, ν) − log C(μ) − log C(ν)`` (eq. 6), where Z is the number of pairs
-counted in the scenario (the sum of its pair counts). An unseen pair has pmi −inf.
+``pmi(μ, ν) = log Z + log C(μ, ν) − log C(μ) − log C(ν)`` (eq. 6). The normaliser Z is a choice
+made when z* is computed, not when counting (the table holds counts only, so one table serves both):
+
+- ``shared`` (default): one Z, the number of all pairs counted in both scenarios. The paper defines
+  the two PMIs "according to different C(μ,ν)" with "Z ... the total number of all possible (μ,ν)
+  pairs"; with one Z, log Z cancels in eq. 7;
+- ``per_scenario``: each scenario's own Z (the sum of its pair counts); this adds
+  log(Z_bi / Z_mono) ≈ log 2 to every bilingual PMI and so favours z* = 1.
+
+An unseen pair has pmi −inf. z* caches record the normaliser they were computed with.
 
 ``z*_i = 1[max_j pmi(y_i, x_j) > max_{k<i} pmi(y_i, y_k)]`` (eq. 7). A max over nothing is −inf:
 the first target token gets 1 when it was seen with any source token, a token seen with nothing
@@ -25,7 +33,7 @@ import json
 import os
 from dataclasses import dataclass
 from itertools import islice
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Iterable, Iterator, Literal, Optional, Sequence
 
 import numpy as np
 
@@ -34,6 +42,8 @@ from onmt_doc.data.corpus import iter_parallel
 from onmt_doc.errors import UserError
 
 TABLE_FORMAT = 1
+Normaliser = Literal["shared", "per_scenario"]
+NORMALISERS: tuple[str, ...] = ("shared", "per_scenario")
 _ARRAYS = ("src_counts", "tgt_counts", "bi_keys", "bi_counts", "mono_keys", "mono_counts")
 Pair = tuple[np.ndarray, np.ndarray]
 
@@ -165,10 +175,16 @@ class PMITable:
     mono_counts: np.ndarray
     n_pairs: int = 0            # sentence pairs counted
     vocab: str = ""             # vocab_digest of the codec it was built with
+    normaliser: Normaliser = "shared"   # Z of eq. 6 used by bilingual/monolingual (not stored: counts only)
 
     def __post_init__(self) -> None:
-        self.log_z_bi = float(np.log(max(int(self.bi_counts.sum()), 1)))      # eq. 6: Z
-        self.log_z_mono = float(np.log(max(int(self.mono_counts.sum()), 1)))
+        if self.normaliser not in NORMALISERS:
+            raise ValueError(f"normaliser must be one of {', '.join(NORMALISERS)} (got {self.normaliser!r})")
+        bi, mono = int(self.bi_counts.sum()), int(self.mono_counts.sum())
+        if self.normaliser == "shared":     # eq. 6: one Z, all (μ, ν) pairs; log Z cancels in eq. 7
+            self.log_z_bi = self.log_z_mono = float(np.log(max(bi + mono, 1)))
+        else:                               # each scenario its own Z
+            self.log_z_bi, self.log_z_mono = float(np.log(max(bi, 1))), float(np.log(max(mono, 1)))
 
     @property
     def src_size(self) -> int:
@@ -205,10 +221,12 @@ class PMITable:
         return self._pmi(count, self.log_z_mono, self.tgt_counts[y], self.tgt_counts[prev])
 
     def digest(self) -> str:
-        """Content hash (z* caches are keyed by it)."""
+        """Hash of the counts and of the normaliser: z* caches are keyed by it, so z* computed
+        with the other normaliser is never read back."""
         h = hashlib.sha256(self.vocab.encode())
         for name in _ARRAYS:
             h.update(np.ascontiguousarray(getattr(self, name)).tobytes())
+        h.update(f"normaliser={self.normaliser}".encode())
         return h.hexdigest()[:24]
 
     def check_vocab(self, codec: Codec, path: str) -> None:
@@ -228,8 +246,9 @@ class PMITable:
         os.replace(tmp, path)
 
     @classmethod
-    def load(cls, path: str, codec: Optional[Codec] = None) -> "PMITable":
-        """The table at ``path``; with ``codec``, refused unless built with its vocabularies."""
+    def load(cls, path: str, codec: Optional[Codec] = None, normaliser: Normaliser = "shared") -> "PMITable":
+        """The table at ``path`` computing PMI with ``normaliser``; with ``codec``, refused unless
+        built with its vocabularies."""
         if not os.path.isfile(path):
             raise UserError(f"{path}: PMI table not found (build it with tools/build_pmi_table.py)")
         try:
@@ -240,14 +259,15 @@ class PMITable:
             raise UserError(f"{path}: not a PMI table of tools/build_pmi_table.py ({str(e)[:120]})") from None
         if meta.get("format", 0) > TABLE_FORMAT:
             raise UserError(f"{path}: PMI table format {meta['format']} is newer than this onmt_doc reads")
-        table = cls(**arrays, n_pairs=int(meta.get("n_pairs", 0)), vocab=str(meta.get("vocab", "")))
+        table = cls(**arrays, n_pairs=int(meta.get("n_pairs", 0)), vocab=str(meta.get("vocab", "")),
+                    normaliser=normaliser)
         if codec is not None:
             table.check_vocab(codec, path)
         return table
 
 
 def count_table(pairs: Iterable[Pair], src_size: int, tgt_size: int, vocab: str = "",
-                chunk: int = 512) -> PMITable:
+                chunk: int = 512, normaliser: Normaliser = "shared") -> PMITable:
     """Count a stream of (source ids, target ids) sentence pairs into a table."""
     if chunk * tgt_size ** 2 >= 2 ** 62:
         chunk = max(1, (2 ** 62 - 1) // tgt_size ** 2)
@@ -263,7 +283,7 @@ def count_table(pairs: Iterable[Pair], src_size: int, tgt_size: int, vocab: str 
         n += len(part)
     bi_keys, bi_counts = bi.result()
     mono_keys, mono_counts = mono.result()
-    return PMITable(src_counts, tgt_counts, bi_keys, bi_counts, mono_keys, mono_counts, n, vocab)
+    return PMITable(src_counts, tgt_counts, bi_keys, bi_counts, mono_keys, mono_counts, n, vocab, normaliser)
 
 
 def tokenized_pairs(src: str, tgt: str, codec: Codec, documents: bool, max_chars: int,
@@ -274,10 +294,11 @@ def tokenized_pairs(src: str, tgt: str, codec: Codec, documents: bool, max_chars
         yield from zip(codec.encode([s for s, _ in part], "src"), codec.encode([t for _, t in part], "tgt"))
 
 
-def build_table(src: str, tgt: str, codec: Codec, documents: bool = True, max_chars: int = 0) -> PMITable:
+def build_table(src: str, tgt: str, codec: Codec, documents: bool = True, max_chars: int = 0,
+                normaliser: Normaliser = "shared") -> PMITable:
     """The PMI table of a parallel corpus, tokenized with ``codec`` (streamed)."""
     return count_table(tokenized_pairs(src, tgt, codec, documents, max_chars),
-                       len(codec.src_vocab), len(codec.tgt_vocab), vocab_digest(codec))
+                       len(codec.src_vocab), len(codec.tgt_vocab), vocab_digest(codec), normaliser=normaliser)
 
 
 # ----------------------------------------------------------------------------- z*
@@ -316,12 +337,33 @@ def _z_star_chunk(table: PMITable, src: Sequence[np.ndarray], tgt: Sequence[np.n
     return np.split(z, np.cumsum(t_len)[:-1]) if len(tgt) else []
 
 
+def z_star_share(table: PMITable, pairs: Iterable[Pair], chunk: int = 2048) -> tuple[int, int]:
+    """(tokens with z* = 1, target tokens) over a stream of sentence pairs: what the regulariser
+    will push the gates towards (printed by tools/build_pmi_table.py)."""
+    ones = total = 0
+    for part in _chunks(pairs, chunk):
+        z = z_star(table, [p[0] for p in part], [p[1] for p in part], chunk=chunk)
+        ones += sum(int(a.sum()) for a in z)
+        total += sum(len(a) for a in z)
+    return ones, total
+
+
 # ----------------------------------------------------------------------------- training data
 
 def _ids_digest(h: "hashlib._Hash", seqs: Sequence[np.ndarray]) -> None:
     flat, lengths, _ = _flatten(seqs)
     h.update(lengths.tobytes())
     h.update(flat.tobytes())
+
+
+def _read_z_cache(path: str, normaliser: str) -> Optional[list[np.ndarray]]:
+    """Cached z*, or None (recompute) when the file records another normaliser or none (a cache
+    written before the normaliser was a choice: per-scenario Z)."""
+    with np.load(path) as f:
+        if "normaliser" not in f.files or str(f["normaliser"]) != normaliser:
+            return None
+        flat, lengths = f["z"], f["lengths"]
+    return np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
 
 
 def sentence_z_star(table: PMITable, docs: Sequence[Sequence[Pair]],
@@ -335,17 +377,14 @@ def sentence_z_star(table: PMITable, docs: Sequence[Sequence[Pair]],
         _ids_digest(h, src)
         _ids_digest(h, tgt)
         path = os.path.join(cache_dir, f"zstar-{h.hexdigest()[:24]}.npz")
-    if path and os.path.exists(path):
-        with np.load(path) as f:
-            flat, lengths = f["z"], f["lengths"]
-        zs = np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
-    else:
+    zs = _read_z_cache(path, table.normaliser) if path and os.path.exists(path) else None
+    if zs is None:
         zs = z_star(table, src, tgt)
         if path:
             os.makedirs(cache_dir, exist_ok=True)
             tmp = f"{path}.tmp{os.getpid()}.npz"
             np.savez(tmp, z=np.concatenate(zs) if zs else np.zeros(0, np.int8),
-                     lengths=np.array([len(t) for t in tgt], dtype=np.int64))
+                     lengths=np.array([len(t) for t in tgt], dtype=np.int64), normaliser=np.array(table.normaliser))
             os.replace(tmp, path)
     out, i = [], 0
     for d in docs:

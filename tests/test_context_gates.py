@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,8 +22,12 @@ from onmt_doc.data.vocab import EOS_ID, PAD_ID
 from onmt_doc.errors import UserError
 from onmt_doc.evaluation.gate_analysis import analyse_gates
 from onmt_doc.losses.gate_hinge import gate_hinge
+from onmt_doc.modules.gates import OutputNormResidual
+from onmt_doc.models.checkpoint import load_model
 from onmt_doc.models.model import full_log_probs
-from onmt_doc.pmi import PairCounts, PMITable, attach_z_star, build_table, count_table, z_star
+from onmt_doc.errors import ConfigError
+from onmt_doc.losses.gate_hinge import PMIGateHinge, PMIGateHingeConfig
+from onmt_doc.pmi import PairCounts, PMITable, attach_z_star, build_table, count_table, z_star, z_star_share
 from onmt_doc.train import distributed
 from onmt_doc.train.trainer import Trainer, train
 
@@ -33,9 +39,9 @@ from test_decoding import SIZES, assert_stepwise_matches
 ENCODER = {"type": "transformer", "layers": 1, "heads": 4, "ff": 64}
 
 
-def gated(norm: str = "paper") -> dict:
+def gated(norm: str = "paper", gate: str = "vector") -> dict:
     return {"encoder": ENCODER, "decoder": {"type": "gated_transformer", "layers": 2, "heads": 4, "ff": 64,
-                                            "norm": norm}}
+                                            "norm": norm, "gate": gate}}
 
 
 def ids(*values: int) -> np.ndarray:
@@ -49,22 +55,24 @@ def ids(*values: int) -> np.ndarray:
 # unigrams: C(x=0) = 5, C(x=1) = 1; C(y=1) = C(y=2) = C(y=4) = 1, C(y=3) = 2
 # bilingual pairs, once per sentence pair: (1,0) (2,0) (3,0) (4,0) (3,1) -> each 1, Z = 5
 # monolingual (y_i, y_k<i), once per sentence: (2,1) (4,3) -> each 1, Z = 2
+# one normaliser for both scenarios (the default): Z = 5 + 2 = 7
 HAND = [(ids(0, 0, 0, 0), ids(1, 2)), (ids(0), ids(3, 4)), (ids(1), ids(3))]
 
 
-def hand_table() -> PMITable:
-    return count_table(iter(HAND), src_size=2, tgt_size=5)
+def hand_table(normaliser: str = "shared") -> PMITable:
+    return count_table(iter(HAND), src_size=2, tgt_size=5, normaliser=normaliser)
 
 
-def test_pmi_equals_hand_counts():
-    table = hand_table()
+@pytest.mark.parametrize("normaliser, z_bi, z_mono", [("shared", 7, 7), ("per_scenario", 5, 2)])
+def test_pmi_equals_hand_counts(normaliser, z_bi, z_mono):
+    table = hand_table(normaliser)
     # eq. 6: log Z + log C(y, x) - log C(y) - log C(x)
-    expected_bi = {(1, 0): math.log(5 * 1 / (1 * 5)), (2, 0): math.log(5 * 1 / (1 * 5)),
-                   (3, 0): math.log(5 * 1 / (2 * 5)), (4, 0): math.log(5 * 1 / (1 * 5)),
-                   (3, 1): math.log(5 * 1 / (2 * 1)), (2, 1): -math.inf, (1, 1): -math.inf}
+    expected_bi = {(1, 0): math.log(z_bi * 1 / (1 * 5)), (2, 0): math.log(z_bi * 1 / (1 * 5)),
+                   (3, 0): math.log(z_bi * 1 / (2 * 5)), (4, 0): math.log(z_bi * 1 / (1 * 5)),
+                   (3, 1): math.log(z_bi * 1 / (2 * 1)), (2, 1): -math.inf, (1, 1): -math.inf}
     y, x = zip(*expected_bi)
     assert np.allclose(table.bilingual(np.array(y), np.array(x)), list(expected_bi.values()))
-    expected_mono = {(2, 1): math.log(2 * 1 / (1 * 1)), (4, 3): math.log(2 * 1 / (1 * 2)),
+    expected_mono = {(2, 1): math.log(z_mono * 1 / (1 * 1)), (4, 3): math.log(z_mono * 1 / (1 * 2)),
                      (1, 2): -math.inf, (3, 3): -math.inf}          # order matters: 1 never follows 2
     y, prev = zip(*expected_mono)
     assert np.allclose(table.monolingual(np.array(y), np.array(prev)), list(expected_mono.values()))
@@ -89,16 +97,59 @@ def test_pair_counts_are_per_sentence_and_merge_exactly():
     assert a.bi_keys.tolist() == b.bi_keys.tolist() and a.mono_counts.tolist() == b.mono_counts.tolist()
 
 
-def test_z_star_equals_eq7_by_hand():
-    table = hand_table()
+@pytest.mark.parametrize("normaliser", ["shared", "per_scenario"])
+def test_z_star_equals_eq7_by_hand(normaliser):
+    table = hand_table(normaliser)
     got = z_star(table, [s for s, _ in HAND], [t for _, t in HAND])
-    # pair 1: y=1 first token, seen with x=0 -> 1; y=2: max_x pmi = log 1 < pmi(2,1) = log 2 -> 0
-    # pair 2: y=3 first -> 1; y=4: pmi(4,0) = log 1 = pmi(4,3) = log 1, not greater -> 0
+    # pair 1: y=1 first token, seen with x=0 -> 1; y=2: max_x pmi(2,0) = log(Z_bi/5) < pmi(2,1) = log Z_mono -> 0
+    # pair 2: y=3 first -> 1; y=4: pmi(4,0) = log(Z_bi/5) vs pmi(4,3) = log(Z_mono/2): log(7/5) < log(7/2),
+    #         log 1 = log 1 (not greater) -> 0 under both normalisers
     # pair 3: y=3 first token -> 1
     assert [z.tolist() for z in got] == [[1, 0], [1, 0], [1]]
     # unseen pairs everywhere -> 0; another token at position i keeps x and the prefix y_<i
     assert z_star(table, [ids(1)], [ids(4)])[0].tolist() == [0]
     assert z_star(table, [ids(0, 0, 0, 0)], [ids(1, 2)], queries=[ids(1, 3)])[0].tolist() == [1, 1]
+
+
+# Where the normaliser decides (x = 0 0 1 1 2 2 3 3, y = 5 6; x = 0, y = 6): C(x=0) = 3, C(x=1..3) = 2,
+# C(y=5) = 1, C(y=6) = 2; bilingual pairs 5x{0..3}, 6x{0..3}, (6,0) again: Z_bi = 9; monolingual (6,5): Z_mono = 1.
+# y=6 after y=5: max_x pmi(6, x) = log Z_bi + log(2 / (2·3)) (x = 0) against pmi(6, 5) = log Z_mono + log(1 / (2·1)):
+# one Z: log(1/3) < log(1/2) -> 0; per scenario: log 3 > log(1/2) -> 1.
+SPLIT = [(ids(0, 0, 1, 1, 2, 2, 3, 3), ids(5, 6)), (ids(0), ids(6))]
+
+
+def test_one_normaliser_cancels_and_per_scenario_favours_the_source():
+    shared = count_table(iter(SPLIT), src_size=4, tgt_size=7)            # the default
+    per_scenario = count_table(iter(SPLIT), src_size=4, tgt_size=7, normaliser="per_scenario")
+    src, tgt = [s for s, _ in SPLIT], [t for _, t in SPLIT]
+    assert shared.normaliser == "shared"
+    assert [z.tolist() for z in z_star(shared, src, tgt)] == [[1, 0], [1]]
+    assert [z.tolist() for z in z_star(per_scenario, src, tgt)] == [[1, 1], [1]]
+    # the counts are the same table; the normaliser only changes z*, and the cache key with it
+    assert np.array_equal(shared.bi_counts, per_scenario.bi_counts) and shared.digest() != per_scenario.digest()
+    assert z_star_share(shared, iter(SPLIT)) == (2, 3) and z_star_share(per_scenario, iter(SPLIT)) == (3, 3)
+
+
+def test_z_star_cache_records_its_normaliser(tmp_path):
+    """z* cached under one normaliser is never read back under the other, and a cache that
+    records no normaliser (written before it was a choice) is recomputed, not trusted."""
+    docs = [[pair] for pair in SPLIT]
+
+    def attached(normaliser: str) -> list[list[int]]:
+        table = count_table(iter(SPLIT), src_size=4, tgt_size=7, normaliser=normaliser)
+        examples = [Example(mark_sentence(s), mark_sentence(t), d, 0, 1) for d, (s, t) in enumerate(SPLIT)]
+        attach_z_star(examples, docs, table, str(tmp_path))
+        return [e.extra["z_star"].tolist() for e in examples]
+
+    assert attached("shared") == [[0, 1, 0, 0], [0, 1, 0]]
+    assert attached("per_scenario") == [[0, 1, 1, 0], [0, 1, 0]]
+    assert len(list(tmp_path.glob("zstar-*.npz"))) == 2
+    for path in tmp_path.glob("zstar-*.npz"):        # an old-style file: no normaliser, wrong labels
+        with np.load(path) as f:
+            lengths = f["lengths"]
+        np.savez(path, z=np.ones(int(lengths.sum()), np.int8), lengths=lengths)
+    assert attached("shared") == [[0, 1, 0, 0], [0, 1, 0]]
+    assert attached("per_scenario") == [[0, 1, 1, 0], [0, 1, 0]]
 
 
 def test_table_round_trip_and_vocabulary_check(toy_dir, tmp_path):
@@ -166,6 +217,27 @@ def test_gated_layer_follows_eqs_2_to_4():
     assert model(batch).aux["gates"].shape == (2, *batch.tgt_in.shape, 32)
 
 
+@pytest.mark.parametrize("norm", ["paper", "pre", "post"])
+def test_sum_instead_of_the_gate_is_the_transformer(norm):
+    """The paper's Remark: with t + s in place of the gated sum, the decoder is the Transformer
+    decoder with the same blocks (same weights, same outputs). The Transformer has no `paper`
+    blocks of its own: there its residual blocks are swapped for x + LN(f(x))."""
+    model, _ = random_model(gated(norm, gate="sum"))
+    plain, _ = random_model({"encoder": ENCODER, "decoder": {"type": "transformer", "layers": 2, "heads": 4,
+                                                             "ff": 64, "pre_norm": norm != "post"}}, seed=1)
+    if norm == "paper":
+        for layer in plain.decoder.layers:
+            for name in ("self_res", "cross_res", "ff_res"):
+                setattr(layer, name, OutputNormResidual(32, 0.0))
+    plain.load_state_dict(model.state_dict())          # strict: the same parameters, no gate
+    batch = random_batch(SIZES)
+    with torch.no_grad():
+        got, want = full_log_probs(model, batch), full_log_probs(plain, batch)
+    assert "gates" not in model(batch).aux
+    assert torch.allclose(got, want, atol=1e-6, rtol=0), (got - want).abs().max()
+    assert_stepwise_matches(model, batch, torch.tensor([2, 0, 3, 1]), reorder_at=3)
+
+
 def test_hinge_loss_by_hand():
     gates = torch.tensor([0.2, 0.7, 0.5, 0.9]).view(1, 1, 4, 1).repeat(2, 1, 1, 2)   # [L=2, B=1, T=4, D=2]
     gates[1, 0, 0] = torch.tensor([0.6, 0.1])
@@ -176,6 +248,27 @@ def test_hinge_loss_by_hand():
     # token 1 (z*=1): 0.7 > 0.5 -> 0; token 2 (z*=0): 0.5 -> 0; token 3 masked
     assert torch.allclose(hinge, torch.tensor([[0.5, 0.0, 0.0, 0.0]]))
     assert torch.allclose(wrong, torch.tensor([[0.75, 0.0, 0.0, 0.0]]))
+
+
+@pytest.mark.parametrize("layers, want", [([], 0.5), ([1], 0.3), ([2], 0.2)])
+def test_hinge_regularises_the_chosen_layers(tmp_path, layers, want):
+    """Table 5: `layers` picks the regularised layers (1-based, default all); the gates of
+    test_hinge_loss_by_hand give 0.3 (layer 1) + 0.2 (layer 2) on the one wrong token."""
+    hand_table().save(str(tmp_path / "hand.npz"))
+    loss = PMIGateHinge(PMIGateHingeConfig(table=str(tmp_path / "hand.npz"), layers=layers))
+    gates = torch.tensor([0.2, 0.7, 0.5, 0.9]).view(1, 1, 4, 1).repeat(2, 1, 1, 2)
+    gates[1, 0, 0] = torch.tensor([0.6, 0.1])
+    batch = SimpleNamespace(extra={"z_star": torch.tensor([[1, 1, 0, 0]]), "z_star_mask": torch.tensor([[1, 1, 1, 0]])})
+    value, stats = loss(SimpleNamespace(aux={"gates": gates}), batch)
+    assert value.item() == pytest.approx(want) and stats["gate/hinge"] == pytest.approx(want)
+    with pytest.raises(ConfigError, match="'layers' names layer 3"):
+        PMIGateHinge(PMIGateHingeConfig(table=str(tmp_path / "hand.npz"), layers=[3]))(
+            SimpleNamespace(aux={"gates": gates}), batch)
+    cfg = config_from_dict({"model": gated()})           # 2 decoder layers
+    with pytest.raises(ConfigError, match="'layers' names layer 3, model.decoder.layers is 2"):
+        PMIGateHinge(PMIGateHingeConfig(table=str(tmp_path / "hand.npz"), layers=[1, 3]), config=cfg)
+    with pytest.raises(ConfigError, match="distinct layer numbers"):
+        PMIGateHinge(PMIGateHingeConfig(table=str(tmp_path / "hand.npz"), layers=[0]))
 
 
 def test_z_star_rides_on_batches_aligned_with_tgt_out(tmp_path):
@@ -354,6 +447,25 @@ def test_tools_report_mistakes_in_one_line(trained_run, toy_dir, tmp_path, capsy
     (tmp_path / "junk.npz").write_bytes(b"not a table")
     one_line_error(capsys, run_command(analysis._main, ["-model", ckpt, *test, "-table", str(tmp_path / "junk.npz")]),
                    "junk.npz", "not a PMI table")
+
+
+@pytest.mark.parametrize("flag", [[], ["-normaliser", "per_scenario"]])
+def test_build_pmi_table_reports_the_share_of_z_star_1(trained_run, toy_dir, tmp_path, capsys, keep_logging, flag):
+    """The last line says what the regulariser will push towards, over the counted corpus."""
+    build = tool("build_pmi_table")
+    out = str(tmp_path / "t.npz")
+    assert run_command(build._main, ["-config", str(trained_run / "config.yaml"), "-output", out, *flag]) == 0
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    m = re.fullmatch(r"z\* = 1 for ([\d.]+)% of ([\d,]+) target tokens \((\w+) normaliser\)", last)
+    assert m, last
+    normaliser = flag[1] if flag else "shared"
+    _, _, codec = load_model(str(trained_run / "checkpoints" / "last.pt"))
+    src = codec.encode((toy_dir / "train.src").read_text(encoding="utf-8").splitlines(), "src")
+    tgt = codec.encode((toy_dir / "train.tgt").read_text(encoding="utf-8").splitlines(), "tgt")
+    ones = sum(int(z.sum()) for z in z_star(PMITable.load(out, codec, normaliser), src, tgt))
+    total = sum(len(t) for t in tgt)
+    assert m.group(3) == normaliser and int(m.group(2).replace(",", "")) == total
+    assert float(m.group(1)) == pytest.approx(100.0 * ones / total, abs=0.05)
 
 
 def test_training_with_a_missing_or_foreign_table_fails_in_one_line(toy_dir, tmp_path):

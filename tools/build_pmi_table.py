@@ -6,7 +6,10 @@
 
 The corpus is tokenized with the run's subword model and vocabularies (``log.dir`` of the config;
 learned there first, as training would, when missing); ``-src``/``-tgt`` default to
-``data.train``. The table stores sorted pair ids and counts (``onmt_doc/pmi.py``).
+``data.train``. The table stores sorted pair ids and counts (``onmt_doc/pmi.py``); it holds no
+normaliser, so one table serves both. The last line is the share of the corpus's target tokens
+with z* = 1 under ``-normaliser`` (default: the config's ``pmi_gate_hinge`` loss, else ``shared``):
+what the regulariser will push the gates towards.
 """
 from __future__ import annotations
 
@@ -30,12 +33,14 @@ def _main(argv=None) -> int:
     p.add_argument("-src", "--src", help="source side of the training corpus (default: data.train.src)")
     p.add_argument("-tgt", "--tgt", help="target side (default: data.train.tgt)")
     p.add_argument("-output", "--output", required=True, help="table file to write (.npz)")
+    p.add_argument("-normaliser", "--normaliser", choices=["shared", "per_scenario"],
+                   help="Z of eq. 6 for the z* summary (default: the config's pmi_gate_hinge loss, else shared)")
     add_config_args(p)
     args = p.parse_args(argv)
 
     from onmt_doc.config import load_config
     from onmt_doc.data.prepare import build_codec, load_codec
-    from onmt_doc.pmi import build_table
+    from onmt_doc.pmi import build_table, tokenized_pairs, z_star_share
     from onmt_doc.train.reporting import setup_logging
 
     setup_logging()
@@ -48,10 +53,15 @@ def _main(argv=None) -> int:
             raise UserError(f"{flag}: {path}: file not found")
     codec = load_codec(cfg, cfg.log.dir) or build_codec(cfg, cfg.log.dir)
     start = time.time()
-    table = build_table(src, tgt, codec, cfg.data.documents, cfg.data.max_line_chars)
+    normaliser = args.normaliser or next((getattr(c, "normaliser") for c in cfg.loss
+                                          if c.type == "pmi_gate_hinge"), "shared")
+    table = build_table(src, tgt, codec, cfg.data.documents, cfg.data.max_line_chars, normaliser)
     table.save(args.output)
     print(f"{table.n_pairs} sentence pairs: {len(table.bi_keys)} bilingual and {len(table.mono_keys)} "
           f"monolingual type pairs, written to {args.output} in {time.time() - start:.1f} s", file=sys.stderr)
+    ones, total = z_star_share(table, tokenized_pairs(src, tgt, codec, cfg.data.documents, cfg.data.max_line_chars))
+    print(f"z* = 1 for {100.0 * ones / max(total, 1):.1f}% of {total:,} target tokens ({normaliser} normaliser)",
+          file=sys.stderr)
     return 0
 
 

@@ -6,7 +6,9 @@
 
 Forced decoding of the reference: FER, CER and CE/FE (in %) over the real target tokens, and for
 gated decoders the mean and variance of the gates (``onmt_doc/evaluation/gate_analysis.py``).
-The table must be built with the checkpoint's vocabularies (tools/build_pmi_table.py).
+The table must be built with the checkpoint's vocabularies (tools/build_pmi_table.py); z* uses
+``-normaliser`` (default: the checkpoint's ``pmi_gate_hinge`` loss, else ``shared``), reported as
+``normaliser`` in the output.
 """
 from __future__ import annotations
 
@@ -31,6 +33,8 @@ def _main(argv=None) -> int:
     p.add_argument("-src", "--src", required=True)
     p.add_argument("-tgt", "--tgt", required=True)
     p.add_argument("-table", "--table", required=True, help="PMI table (tools/build_pmi_table.py)")
+    p.add_argument("-normaliser", "--normaliser", choices=["shared", "per_scenario"],
+                   help="Z of eq. 6 for z* (default: the checkpoint's pmi_gate_hinge loss, else shared)")
     p.add_argument("-output", "--output", help="also write the numbers as JSON here")
     p.add_argument("-batch_tokens", "--batch_tokens", type=int, default=4096)
     p.add_argument("-threads", "--threads", type=int, default=0, help="CPU threads (0 = torch's default)")
@@ -50,7 +54,9 @@ def _main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     model, cfg, codec = load_model(args.model)
-    table = PMITable.load(args.table, codec)
+    normaliser = args.normaliser or next((getattr(c, "normaliser") for c in cfg.loss
+                                          if c.type == "pmi_gate_hinge"), "shared")
+    table = PMITable.load(args.table, codec, normaliser)
     result = analyse_gates(model, codec, cfg, args.src, args.tgt, table, args.batch_tokens)
     for key, value in result.items():
         shown = [round(v, 4) for v in value] if isinstance(value, list) else (

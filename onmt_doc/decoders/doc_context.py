@@ -5,13 +5,16 @@ Besides the encoder–decoder attention over its own sentence (E), every layer a
 same queries to the document context C = [h^ctx_1; …; h^ctx_N] of the sentence's document
 (G, eqs. 8–9), and the sublayer adds both: H = E + G (eq. 10). C comes from the ``hierarchical``
 encoder, packed per document; each document's keys/values are computed once and shared by all
-its sentences (and beams) through ``attend_documents``. Decoding state: the Transformer's, plus
+its sentences (and beams) through ``attend_documents``. With ``context: own_sentence`` the
+attention reads only the sentence's own words h^ctx_i: every row is then its own "document" of
+``attend_documents`` (row i reads memory i), so the same code and decoding state serve both
+readings. Decoding state: the Transformer's, plus
 the per-layer document keys/values (shared, never reordered) and each row's document.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar, Literal, Optional
 
 import torch
 
@@ -23,11 +26,15 @@ from onmt_doc.decoders.transformer import (TransformerDecoder, TransformerDecode
 from onmt_doc.encoders.base import EncoderOut
 from onmt_doc.modules.attention import KV, MultiHeadAttention
 from onmt_doc.modules.document_packing import DocumentMemory, attend_documents, document_memory
+from onmt_doc.parts import PartContext
 
 
 @dataclass
 class DocContextDecoderConfig(TransformerDecoderConfig):
-    pass
+    # eqs. 8-9: what the DocEnc-Decoder attention reads. document = C = [h^ctx_1; ...; h^ctx_N],
+    # the words of every sentence of the document (eq. 8); own_sentence = h^ctx_i, the words of
+    # the sentence being translated (its document state arrives through its own slot H^S_i)
+    context: Literal["document", "own_sentence"] = "document"
 
 
 DocumentContext = tuple[DocumentMemory, torch.Tensor]   # (a layer's keys/values of C, row -> document)
@@ -37,8 +44,8 @@ DocumentContext = tuple[DocumentMemory, torch.Tensor]   # (a layer's keys/values
 class DocContextState(TransformerState):
     source_fields: ClassVar[tuple[str, ...]] = ("cross_kv", "memory_mask", "row_doc")
     shared_fields: ClassVar[tuple[str, ...]] = ("doc_memory",)
-    doc_memory: list[DocumentMemory]     # per layer, one entry per document of the batch
-    row_doc: torch.Tensor                # [R] document of each row
+    doc_memory: list[DocumentMemory]     # per layer, one entry per document (own_sentence: per source row)
+    row_doc: torch.Tensor                # [R] entry of doc_memory each row reads
 
 
 class DocContextDecoderLayer(TransformerDecoderLayer):
@@ -58,22 +65,36 @@ class DocContextDecoderLayer(TransformerDecoderLayer):
 @REGISTRY.register("doc_context", DocContextDecoderConfig)
 class DocContextDecoder(TransformerDecoder):
     unit = "context"
-    needs = ("doc_memory", "doc_memory_pad", "row_doc")
+    needs = ("doc_memory", "doc_memory_pad", "row_doc", "sentence_context")
     layer_type = DocContextDecoderLayer
 
+    def __init__(self, cfg: DocContextDecoderConfig, ctx: PartContext):
+        super().__init__(cfg, ctx)
+        self.context = cfg.context
+
     def _document_memories(self, enc_out: EncoderOut) -> list[DocumentMemory]:
-        c, pad = enc_out.extra["doc_memory"], enc_out.extra["doc_memory_pad"]      # eq. 8: C
+        if self.context == "own_sentence":                                         # h^ctx_i per row
+            c, pad = enc_out.extra["sentence_context"], enc_out.pad_mask
+        else:                                                                      # eq. 8: C
+            c, pad = enc_out.extra["doc_memory"], enc_out.extra["doc_memory_pad"]
         return [document_memory(layer.doc_attn, c, pad) for layer in self.layers]
 
+    def _row_memory(self, enc_out: EncoderOut) -> torch.Tensor:
+        """[R] the entry of the document memories each row reads: its document, or itself."""
+        row_doc = enc_out.extra["row_doc"]
+        if self.context == "own_sentence":
+            return torch.arange(row_doc.numel(), device=row_doc.device)
+        return row_doc
+
     def layer_contexts(self, enc_out: EncoderOut) -> list[DocumentContext]:
-        row_doc = enc_out.extra.get("row_doc")
+        row_doc = self._row_memory(enc_out)
         return [(doc, row_doc) for doc in self._document_memories(enc_out)]
 
     def init_state(self, enc_out: EncoderOut, batch: Batch, limit: Optional[LengthLimit] = None) -> DocContextState:
         base = super().init_state(enc_out, batch, limit)
         return DocContextState(step=base.step, self_kv=base.self_kv, cross_kv=base.cross_kv,
                                memory_mask=base.memory_mask, doc_memory=self._document_memories(enc_out),
-                               row_doc=enc_out.extra["row_doc"])
+                               row_doc=self._row_memory(enc_out))
 
     def state_contexts(self, state: DocContextState) -> list[DocumentContext]:
         return [(doc, state.row_doc) for doc in state.doc_memory]

@@ -9,6 +9,7 @@ teacher-forced pass also returns every layer's gates in ``aux["gates"]`` ([L, B,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import nn
@@ -21,7 +22,7 @@ from onmt_doc.decoders.base import Decoder, DecoderOut
 from onmt_doc.decoders.transformer import TransformerDecoder, TransformerDecoderLayer
 from onmt_doc.encoders.base import EncoderOut
 from onmt_doc.modules.attention import KV
-from onmt_doc.modules.gates import GatedResidual, Placement, residual_block
+from onmt_doc.modules.gates import GatedResidual, GateType, Placement, residual_block
 from onmt_doc.parts import PartContext
 
 
@@ -33,20 +34,22 @@ class GatedTransformerDecoderConfig(PartConfig):
     # layer norm placement: paper = x + LN(f(x)) in every block (eqs. 2-3); pre / post = the
     # Transformer's pre-norm / post-norm blocks with the same gate
     norm: Placement = "paper"
+    # vector = eq. 4's gate; sum = the Remark's t + s (no gate: the Transformer with these blocks)
+    gate: GateType = "vector"
 
 
 class GatedDecoderLayer(TransformerDecoderLayer):
     """``step`` is inherited (the gated block is a drop-in residual); ``forward`` also returns z."""
 
     def __init__(self, d_model: int, heads: int, ff: int, dropout: float, attention_dropout: float,
-                 norm: Placement):
+                 norm: Placement, gate: GateType = "vector"):
         super().__init__(d_model, heads, ff, dropout, attention_dropout, pre_norm=norm == "pre")
         self.self_res = residual_block(d_model, dropout, norm)     # eq. 2: t = rn∘ln∘att(c, c<i)
-        self.cross_res = GatedResidual(d_model, dropout, norm)     # eqs. 2, 4: s, z
+        self.cross_res = GatedResidual(d_model, dropout, norm, gate)   # eqs. 2, 4: s, z
         self.ff_res = residual_block(d_model, dropout, norm)       # eq. 3: c = rn∘ln∘ff(...)
 
     def forward(self, x: torch.Tensor, memory_kv: KV, memory_mask: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         t = self.self_res(x, lambda h: self.self_attn(h, is_causal=True))
         mixed, z = self.cross_res.gated(t, lambda h: self.cross_attn.cross(h, memory_kv, memory_mask))
         return self.ff_res(mixed, self.ff), z
@@ -71,7 +74,7 @@ class GatedTransformerDecoder(TransformerDecoder):
         Decoder.__init__(self)
         self.embeddings = ctx.tgt_embeddings
         self.layers = nn.ModuleList(
-            GatedDecoderLayer(ctx.d_model, cfg.heads, cfg.ff, ctx.dropout, ctx.attention_dropout, cfg.norm)
+            GatedDecoderLayer(ctx.d_model, cfg.heads, cfg.ff, ctx.dropout, ctx.attention_dropout, cfg.norm, cfg.gate)
             for _ in range(cfg.layers))
         # the paper's blocks never normalise the residual stream itself: normalise it once on top
         self.final_norm = nn.Identity() if cfg.norm == "post" else nn.LayerNorm(ctx.d_model)
@@ -83,6 +86,8 @@ class GatedTransformerDecoder(TransformerDecoder):
         for layer in self.layers:
             x, z = layer(x, layer.cross_attn.memory_kv(enc_out.memory), mask)
             gates.append(z)
+        if not gates or gates[0] is None:                                 # gate: sum, nothing to report
+            return DecoderOut(self.final_norm(x))
         aux = {"gates": torch.stack(gates)}                               # [L, B, T, D]
         if not self.training:
             aux["stats"] = gate_stats(aux["gates"], tgt_in.ne(PAD_ID))

@@ -5,8 +5,12 @@ Every sentence of a document is a batch row (translation unit ``context``); ``ba
 groups the rows by document. A Transformer sentence encoder encodes each row (eq. 1); a
 multi-head self-attention over each sentence's words, pooled, gives one vector per sentence
 (eqs. 2–3); Transformer layers over the sentence vectors of a document give the global context
-H^S (eq. 4); a context attention from every word to H^S of its document (eqs. 5–6) is added to
-the word by a residual with dropout (eq. 7).
+H^S (eq. 4); the multi-head context attention of eqs. 5–6 gives every word its share d^ctx of the
+context, added to the word by a residual with dropout (eq. 7). ``context`` chooses what a word
+reads (docs/models/hm_gdc.md discusses the readings): ``own_sentence`` (default), H^S_i of its
+own sentence's slot, weighted per head by a gate the word computes from itself (queries and keys
+both from h_{i,j}, as eq. 5 writes them); ``document``, an attention over every H^S_k of its
+document.
 
 Outputs: ``memory`` (the sentence memory the decoder's cross-attention reads: the words with
 context, or without it for the paper's "decoder only" ablation) and, in ``extra``, the
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from onmt_doc.data.batching import Batch
@@ -27,6 +32,7 @@ from onmt_doc.data.vocab import PAD_ID
 from onmt_doc.encoders import REGISTRY
 from onmt_doc.encoders.base import EncoderOut
 from onmt_doc.encoders.transformer import TransformerEncoder, TransformerEncoderConfig, TransformerEncoderLayer
+from onmt_doc.modules import analysis
 from onmt_doc.modules.attention import MultiHeadAttention
 from onmt_doc.modules.document_packing import attend_documents, document_memory, plan_packing
 from onmt_doc.modules.dropout import Dropout
@@ -46,12 +52,16 @@ class HierarchicalEncoderConfig(TransformerEncoderConfig):
     # words alone (with the doc_context decoder: the paper's "decoder only" integration)
     word_context: bool = True
     context_dropout: float = 0.1   # P of ResidualDrop (eq. 7)
+    # eqs. 5-6: what a word's context attention reads. own_sentence = H^S_i, the document
+    # encoder's output at the word's own sentence slot, weighted per head by sigmoid(q·k/sqrt(d))
+    # with q and k from the word; document = attention over all H^S_k of the document
+    context: Literal["own_sentence", "document"] = "own_sentence"
 
 
 @REGISTRY.register("hierarchical", HierarchicalEncoderConfig)
 class HierarchicalEncoder(TransformerEncoder):
     unit = "context"
-    provides = ("doc_memory", "doc_memory_pad", "row_doc")
+    provides = ("doc_memory", "doc_memory_pad", "row_doc", "sentence_context")
 
     def __init__(self, cfg: HierarchicalEncoderConfig, ctx: PartContext):
         super().__init__(cfg, ctx)
@@ -69,7 +79,7 @@ class HierarchicalEncoder(TransformerEncoder):
         self.doc_positions = SinusoidalPositions(d) if cfg.doc_positions else None
         self.context_attn = MultiHeadAttention(d, cfg.heads, ctx.attention_dropout, self_attention=False)  # eq. 5
         self.context_dropout = Dropout(cfg.context_dropout)
-        self.pooling, self.word_context = cfg.pooling, cfg.word_context
+        self.pooling, self.word_context, self.context = cfg.pooling, cfg.word_context, cfg.context
 
     def forward(self, batch: Batch) -> EncoderOut:
         sent = super().forward(batch)                                 # eq. 1: H_i = SentEnc(S_i)
@@ -79,11 +89,16 @@ class HierarchicalEncoder(TransformerEncoder):
         keep = ~pad
         sentences = self.pool(self.sentence_attn(h, keep[:, None, None, :]), keep)   # eqs. 2-3: [R, D]
         h_s, sent_pad = self.encode_document(sentences, row_doc, n_docs)           # eq. 4: [G, N, D]
-        d_ctx = attend_documents(self.context_attn, h, row_doc,                    # eqs. 5-6
-                                 document_memory(self.context_attn, h_s, sent_pad), probe="enc_doc_context")
+        if self.context == "own_sentence":                                         # eqs. 5-6, H^S_i
+            own_slot = plan_packing(row_doc, n_docs).unpack(h_s)                   # [R, 1, D]
+            d_ctx = own_sentence_context(self.context_attn, h, own_slot, keep)
+        else:                                                                      # eqs. 5-6, all H^S_k
+            d_ctx = attend_documents(self.context_attn, h, row_doc,
+                                     document_memory(self.context_attn, h_s, sent_pad), probe="enc_doc_context")
         h_ctx = h + self.context_dropout(d_ctx)                                    # eq. 7
         words = plan_packing(row_doc, n_docs, h.size(1), keep)
-        extra = {"doc_memory": words.pack(h_ctx), "doc_memory_pad": words.padding(), "row_doc": row_doc}  # eq. 8
+        extra = {"doc_memory": words.pack(h_ctx), "doc_memory_pad": words.padding(), "row_doc": row_doc,  # eq. 8
+                 "sentence_context": h_ctx}
         return EncoderOut(h_ctx if self.word_context else h, pad, batch.src_groups, extra)
 
     def pool(self, a: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -104,3 +119,24 @@ class HierarchicalEncoder(TransformerEncoder):
         for layer in self.doc_layers:
             x = layer(x, mask)
         return self.doc_norm(x), pad
+
+
+def own_sentence_context(attn: MultiHeadAttention, h: torch.Tensor, own_slot: torch.Tensor,
+                         keep: torch.Tensor) -> torch.Tensor:
+    """eqs. 5-6 with the value H^S_i alone: α_{i,j} = MultiHead-Ctx(h_{i,j}, h_{i,j}, H^S_i),
+    d^ctx_{i,j} = α_{i,j} H^S_i. A softmax over one value would be 1 for every word, so α is read
+    as one weight per head in (0, 1): σ(q·k / √d_head) with query and key both from the word
+    h_{i,j} [R, L, D]; the values are the head projections of the own slot H^S_i [R, 1, D].
+    Reuses ``attn``'s q, k, v and output projections (the same parameters as the ``document``
+    reading). Returns d^ctx [R, L, D], zeros at padding (``keep`` [R, L] False)."""
+    d = h.size(-1)
+
+    def heads(x: torch.Tensor) -> torch.Tensor:                                  # [R, T, D] -> [R, H, T, d_head]
+        return x.view(x.size(0), x.size(1), attn.heads, attn.d_head).transpose(1, 2)
+
+    q = attn.project_q(h)                                                        # [R, H, L, d_head]
+    k = heads(F.linear(h, attn.kv.weight[:d], attn.kv.bias[:d]))                 # keys from the word too
+    v = heads(F.linear(own_slot, attn.kv.weight[d:], attn.kv.bias[d:]))          # [R, H, 1, d_head]
+    alpha = torch.sigmoid((q * k).sum(-1, keepdim=True) / attn.d_head ** 0.5)   # eq. 5: [R, H, L, 1]
+    analysis.record_mean("gate/enc_context", alpha.squeeze(-1).transpose(1, 2), keep)
+    return attn.merge(alpha * v) * keep[..., None]                               # eq. 6

@@ -123,4 +123,4 @@ def analyse_gates(model: EncoderDecoder, codec: Codec, cfg: Config, src: str, tg
                                                  errors.cpu().numpy())
         if "gates" in out.aux:
             result.add_gates(out.aux["gates"], batch.tgt_in.ne(PAD_ID), batch.extra["z_star"], real)
-    return result.summary()
+    return {**result.summary(), "normaliser": table.normaliser}

@@ -2,15 +2,16 @@
 
 ``λ Σ_{l,i} [z*_i max(0.5 − z_il, 0) + (1 − z*_i) max(z_il − 0.5, 0)]``: a gate dimension costs
 nothing once it is on the side of 0.5 that z* names. The vector term is averaged over the D gate
-dimensions (so λ does not depend on d_model) and summed over layers and target tokens; like every
-loss it is a sum the trainer divides by the step's target tokens. Tokens without supervision
+dimensions (so λ does not depend on d_model) and summed over the regularised layers (``layers``,
+default all; the paper's table 5 regularises single layers) and target tokens; like every loss it
+is a sum the trainer divides by the step's target tokens. Tokens without supervision
 (markup ``<s>``/``</s>``, ``<eos>``, padding) add nothing. Training only.
 """
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import torch
@@ -20,7 +21,7 @@ from onmt_doc.data.batching import Batch
 from onmt_doc.errors import ConfigError
 from onmt_doc.losses import REGISTRY
 from onmt_doc.losses.base import Loss
-from onmt_doc.pmi import PMITable, attach_z_star
+from onmt_doc.pmi import Normaliser, PMITable, attach_z_star
 
 log = logging.getLogger("onmt_doc")
 
@@ -28,6 +29,20 @@ log = logging.getLogger("onmt_doc")
 @dataclass
 class PMIGateHingeConfig(LossConfig):
     table: Optional[str] = None    # PMI table of the training corpus (tools/build_pmi_table.py)
+    # Z of eq. 6: shared = one Z for both scenarios (log Z cancels in eq. 7); per_scenario = each its own
+    normaliser: Normaliser = "shared"
+    # decoder layers (1-based) whose gates are regularised (table 5); empty = all layers
+    layers: list[int] = field(default_factory=list)
+
+
+def select_layers(gates: torch.Tensor, layers: Sequence[int]) -> torch.Tensor:
+    """The gates [L, B, T, D] of the 1-based ``layers`` (all when empty)."""
+    if not layers:
+        return gates
+    if max(layers) > gates.size(0):
+        raise ConfigError(f"loss pmi_gate_hinge: key 'layers' names layer {max(layers)}, the decoder has "
+                          f"{gates.size(0)}")
+    return gates[[i - 1 for i in layers]]
 
 
 def gate_hinge(gates: torch.Tensor, z_star: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,7 +68,14 @@ class PMIGateHinge(Loss):
         if not cfg.table:
             raise ConfigError("loss pmi_gate_hinge: key 'table' is required (a PMI table built with "
                               "tools/build_pmi_table.py)")
-        self.table = PMITable.load(cfg.table, codec)
+        if any(not isinstance(i, int) or i < 1 for i in cfg.layers) or len(set(cfg.layers)) != len(cfg.layers):
+            raise ConfigError(f"loss pmi_gate_hinge: key 'layers' must list distinct layer numbers from 1 "
+                              f"(got {cfg.layers})")
+        n_layers = getattr(getattr(getattr(config, "model", None), "decoder", None), "layers", None)
+        if isinstance(n_layers, int) and cfg.layers and max(cfg.layers) > n_layers:
+            raise ConfigError(f"loss pmi_gate_hinge: key 'layers' names layer {max(cfg.layers)}, "
+                              f"model.decoder.layers is {n_layers}")
+        self.table = PMITable.load(cfg.table, codec, cfg.normaliser)
         cache = config.data.cache_dir if config is not None else None
         self.cache_dir = cache or (os.path.join(run_dir, "cache") if run_dir else None)
 
@@ -61,17 +83,17 @@ class PMIGateHinge(Loss):
         attach_z_star(examples, docs, self.table, self.cache_dir)
         labeled = sum(int(e.extra["z_star_mask"].sum()) for e in examples)
         source = sum(int(e.extra["z_star"].sum()) for e in examples)
-        log.info("pmi_gate_hinge: z* of %d target tokens, %.1f%% on the source side (z* = 1)",
-                 labeled, 100.0 * source / max(labeled, 1))
+        log.info("pmi_gate_hinge: z* of %d target tokens, %.1f%% on the source side (z* = 1, %s normaliser)",
+                 labeled, 100.0 * source / max(labeled, 1), self.table.normaliser)
 
     def __call__(self, out, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         gates = out.aux.get("gates")
         if gates is None:
             raise ConfigError("loss pmi_gate_hinge needs a decoder with context gates "
-                              "(model.decoder.type: gated_transformer)")
+                              "(model.decoder.type: gated_transformer with gate: vector)")
         if "z_star" not in batch.extra:
             raise ConfigError("loss pmi_gate_hinge: the batch has no z* (training data not prepared by the loss)")
         mask = batch.extra["z_star_mask"]
-        hinge, wrong = gate_hinge(gates.float(), batch.extra["z_star"], mask)
+        hinge, wrong = gate_hinge(select_layers(gates.float(), self.cfg.layers), batch.extra["z_star"], mask)
         return hinge.sum(), {"gate/hinge": hinge.detach().sum().item(), "gate/wrong": wrong.sum().item(),
                              "gate/labeled": float(mask.sum()), "gate/source": float(batch.extra["z_star"].sum())}
