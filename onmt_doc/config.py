@@ -132,6 +132,9 @@ class TrainConfig:
     init_from: Optional[str] = None  # checkpoint whose matching parameters initialise the model
     init_lr_scale: float = 0.2     # lr scale of the parameters copied by init_from
     resume: bool = True            # continue from <log.dir>/checkpoints/last.pt when it exists
+    # a resume whose data or batching keys (train.batch_tokens, train.seed, processes) changed:
+    # exact = refuse; next_epoch = accept, continue with the new batch order from the next epoch
+    resume_data: Literal["exact", "next_epoch"] = "exact"
     device: str = "auto"           # auto | cpu | cuda | cuda:N
     threads: int = 0               # CPU threads per process (0 = OMP_NUM_THREADS alone, else cores / local processes)
 
@@ -143,6 +146,13 @@ class TranslateConfig:
     length_penalty: float = 1.0    # GNMT alpha; 0 = none
     max_len_ratio: float = 1.5     # output length cap = ratio * source length + max_len_add
     max_len_add: int = 10
+    max_length: int = 250          # absolute output cap per sentence (subword tokens), whatever the ratio
+    # longer source lines are split at a word boundary into pieces of at most this many subword
+    # tokens, translated separately and joined with a space (bounds the quadratic cost of a line)
+    max_input_tokens: int = 200
+    # context unit (HM-GDC): sentences per translation window; 0 = data.max_sentences, or windows
+    # packed to data.max_tokens when that is 0 too (never a whole long document at once)
+    window_sentences: int = 0
     batch_tokens: int = 4096       # padded source tokens per translation batch
     batch_sentences: int = 0       # cap on batch rows: sentences (document unit: instances); 0 = no cap
     buffer_sentences: int = 2000   # sentences read ahead (sorted by length within the buffer)
@@ -349,8 +359,10 @@ def _default_at(raw: dict, parts: list[str], source: str) -> Any:
 # keys whose value must be at least this (a zero would divide by zero or silently do nothing)
 _MINIMUM = {"data.max_tokens": 1, "data.max_sentences": 0, "vocab.size": 1, "model.d_model": 1, "train.batch_tokens": 1,
             "train.accum": 1, "train.max_steps": 0, "train.valid_every": 1, "train.save_every": 1,
-            "train.keep_last": 1, "train.valid_beam": 1, "translate.beam": 1, "translate.n_best": 1,
-            "translate.batch_tokens": 1, "translate.buffer_sentences": 1, "log.every": 1}
+            "train.keep_last": 1, "train.threads": 0, "train.valid_beam": 1, "translate.beam": 1, "translate.n_best": 1,
+            "translate.batch_tokens": 1, "translate.buffer_sentences": 1, "translate.batch_sentences": 0,
+            "translate.length_penalty": 0, "translate.max_len_add": 0, "translate.max_length": 1,
+            "translate.max_input_tokens": 1, "translate.window_sentences": 0, "log.every": 1}
 
 
 def _check_values(cfg: "Config", source: str) -> None:

@@ -1,6 +1,7 @@
 """Shared fixtures: a toy corpus the project writes itself and tiny model configs."""
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -94,3 +95,15 @@ def init_from_run(source: Path, run: Path) -> Path:
     for name in ("subword.model", "vocab.txt"):
         shutil.copy(source / name, run / name)
     return source / "checkpoints" / "last.pt"
+
+
+@pytest.fixture()
+def warnings_of_onmt_doc(caplog):
+    """The onmt_doc logger's warnings (it may not propagate when a CLI test set up logging)."""
+    logger = logging.getLogger("onmt_doc")
+    propagate, logger.propagate = logger.propagate, False
+    logger.addHandler(caplog.handler)
+    caplog.handler.setLevel(logging.WARNING)
+    yield caplog
+    logger.removeHandler(caplog.handler)
+    logger.propagate = propagate

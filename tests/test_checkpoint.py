@@ -79,3 +79,20 @@ def test_init_from_copies_shared_parameters_and_scales_their_lr(trained_run, toy
     cfg["model"]["encoder"]["ff"] = 96
     with pytest.raises(UserError, match=r"encoder\.layers\.0\.ff\.w1\.weight"):
         Trainer(config_from_dict(cfg), DistContext())
+
+
+def test_save_fsyncs_the_file_before_the_rename_and_the_folder_after(tmp_path, monkeypatch):
+    """Atomic is not enough after a power loss: the data must be on disk before the name moves."""
+    import os
+
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))),
+                                                 real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", str(a), str(b))),
+                                                     real_replace(a, b))[1])
+    path = str(tmp_path / "last.pt")
+    save_checkpoint({"model": {}}, path)
+    (_, synced), (_, tmp, dst), (_, folder) = events
+    assert synced == tmp and tmp.startswith(path + ".tmp") and dst == path and folder == str(tmp_path)
+    load_checkpoint(path)

@@ -17,9 +17,9 @@ def run(main: Callable[[Optional[list[str]]], int], argv: Optional[list[str]] = 
     except UserError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:   # Ctrl-C, or a training stopped by SIGTERM/SIGINT (exit_status)
         print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+        return getattr(e, "exit_status", 130)
     except BrokenPipeError:  # output piped into e.g. `head`
         return 0
 
@@ -32,6 +32,17 @@ def add_config_args(parser: argparse.ArgumentParser, required: bool = True) -> N
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse whose usage errors follow the one-line error contract."""
+
+    # counts that must not be negative in whichever command declares them (torch raises otherwise)
+    NON_NEGATIVE = ("threads",)
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        ns = super().parse_args(args, namespace)
+        for name in self.NON_NEGATIVE:
+            value = getattr(ns, name, None)
+            if isinstance(value, int) and value < 0:
+                self.error(f"-{name} must be 0 or more (got {value})")
+        return ns
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UserError(message)

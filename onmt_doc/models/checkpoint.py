@@ -7,6 +7,7 @@ scaler, RNG, data position, early stopping, step).
 from __future__ import annotations
 
 import os
+import shutil
 from typing import Optional
 
 import torch
@@ -22,8 +23,33 @@ def save_checkpoint(payload: dict, path: str) -> None:
     """Write to a temporary file in the same folder, then rename: never a half-written checkpoint."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
-    torch.save({"format_version": FORMAT_VERSION, **payload}, tmp)
+    with open(tmp, "wb") as f:
+        torch.save({"format_version": FORMAT_VERSION, **payload}, f)
+    _durable_replace(tmp, path)
+
+
+def copy_checkpoint(src: str, dst: str) -> None:
+    """Atomic, durable copy (``last.pt`` from ``step_N.pt``): its own bytes, not a link, so one
+    damaged file leaves the other intact."""
+    tmp = os.path.join(os.path.dirname(os.path.abspath(dst)), f".{os.path.basename(dst)}.tmp{os.getpid()}")
+    shutil.copyfile(src, tmp)
+    _durable_replace(tmp, dst)
+
+
+def _durable_replace(tmp: str, path: str) -> None:
+    """fsync the file, rename it over ``path``, fsync the folder: after a crash or power loss the
+    name points to the old or the new complete file, never to a file whose blocks were not written."""
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
+    folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
 
 
 def load_checkpoint(path: str) -> dict:

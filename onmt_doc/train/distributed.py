@@ -74,6 +74,15 @@ def broadcast_flag(flag: bool, ctx: DistContext) -> bool:
     return bool(t.item())
 
 
+def any_flag(flag: bool, ctx: DistContext) -> bool:
+    """True on every rank when ``flag`` is true on at least one (e.g. a signal reached one rank)."""
+    if not ctx.enabled:
+        return flag
+    t = torch.tensor([int(flag)], device=ctx.device if ctx.device.type == "cuda" else "cpu")
+    dist.all_reduce(t)
+    return bool(t.item())
+
+
 def gather_objects(obj: object, ctx: DistContext) -> list:
     """Every rank's ``obj``, in rank order (a one-element list without a process group)."""
     if not ctx.enabled:

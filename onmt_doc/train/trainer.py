@@ -13,7 +13,7 @@ import logging
 import os
 import random
 import re
-import shutil
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Optional
@@ -31,13 +31,16 @@ from onmt_doc.errors import ConfigError, UserError
 from onmt_doc.evaluation.bleu import report
 from onmt_doc.losses import Loss, build_losses
 from onmt_doc.models.builder import build_model
-from onmt_doc.models.checkpoint import load_checkpoint, save_checkpoint
+from onmt_doc.models.checkpoint import copy_checkpoint, load_checkpoint, save_checkpoint
 from onmt_doc.models.model import EncoderDecoder
 from onmt_doc.modules import analysis
 from onmt_doc.optim.optimizers import build_optimizer, param_groups
 from onmt_doc.optim.schedules import build_schedule
 from onmt_doc.train import distributed
 from onmt_doc.train.distributed import DistContext
+from onmt_doc.train.interrupt import Interrupted, StopRequest
+from onmt_doc.train.run_folder import (PARTIAL, data_fingerprint, fingerprint_changes, lock_run_dir,
+                                       remove_partial_files)
 from onmt_doc.train.reporting import Reporter, summarize
 from onmt_doc.translate.translator import Translator, translator_options
 
@@ -158,7 +161,9 @@ class Trainer:
         self.train_examples, self.valid_examples, self.valid_docs = self._load_data()
         self.sampler = BatchSampler(self.train_examples, cfg.train.batch_tokens, cfg.train.seed,
                                     rank=ctx.rank, world=ctx.world)
+        self.fingerprint = data_fingerprint(self.train_examples, cfg, ctx.world)
         self.step = 0
+        self.saved_step: Optional[int] = None   # step of the checkpoint last written or resumed
         self.early = EarlyStopping(cfg.train.early_stopping_metric, cfg.train.early_stopping)
         self.pending = StepStats()
         self._maybe_resume()
@@ -212,6 +217,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler else None,
             "sampler": self.sampler.state_dict(),
+            "data": self.fingerprint,          # what the sampler position means
             "early_stopping": {"best": self.early.best, "bad": self.early.bad},
             "pending": {"values": self.pending.values, "tokens": self.pending.tokens,
                         "seconds": self.pending.seconds},
@@ -236,13 +242,13 @@ class Trainer:
             return
         path = os.path.join(self.ckpt_dir, f"step_{self.step}.pt")
         save_checkpoint(payload, path)
-        tmp = os.path.join(self.ckpt_dir, f".last.pt.tmp{os.getpid()}")
-        shutil.copyfile(path, tmp)
-        os.replace(tmp, os.path.join(self.ckpt_dir, "last.pt"))
-        steps = sorted(glob.glob(os.path.join(self.ckpt_dir, "step_*.pt")),
-                       key=lambda p: int(re.search(r"step_(\d+)\.pt$", p).group(1)))
-        for old in steps[: max(0, len(steps) - self.cfg.train.keep_last)]:
+        copy_checkpoint(path, os.path.join(self.ckpt_dir, "last.pt"))
+        self.saved_step = self.step
+        for old in step_checkpoints(self.ckpt_dir)[: -self.cfg.train.keep_last]:
             os.remove(old)
+        for entry in os.scandir(self.ckpt_dir):   # leftovers of saves killed in earlier processes
+            if PARTIAL.search(entry.name):
+                os.remove(entry.path)
         log.info("saved %s", path)
 
     def save_best(self) -> None:
@@ -253,10 +259,14 @@ class Trainer:
         path = os.path.join(self.ckpt_dir, "last.pt")
         if not (self.cfg.train.resume and os.path.exists(path)):
             return
-        ckpt = load_checkpoint(path)
+        ckpt = load_resumable(path, self.ckpt_dir)
         if ckpt["codec"] != self.codec.to_dict():
             raise UserError(f"{path}: the run folder's vocabularies changed since this checkpoint")
         st = ckpt["train_state"]
+        next_epoch = self._check_data_position(path, st)
+        changed = config_changes(ckpt.get("config", {}), config_to_dict(self.cfg))
+        if changed:
+            log.warning("resuming with a config that differs from the checkpoint's: %s", ", ".join(changed))
         try:
             self.model.load_state_dict(ckpt["model"])
             self.optimizer.load_state_dict(st["optimizer"])
@@ -267,9 +277,11 @@ class Trainer:
         if self.scaler and st["scaler"]:
             self.scaler.load_state_dict(st["scaler"])
         self.sampler.load_state_dict(st["sampler"])
+        if next_epoch and self.sampler.position:
+            self.sampler.epoch, self.sampler.position = self.sampler.epoch + 1, 0
         self.early.best, self.early.bad = st["early_stopping"]["best"], st["early_stopping"]["bad"]
         self.pending = StepStats(dict(st["pending"]["values"]), st["pending"]["tokens"], st["pending"]["seconds"])
-        self.step = int(st["step"])
+        self.step = self.saved_step = int(st["step"])
         rngs = st["rng"]
         if len(rngs) != self.ctx.world:
             log.warning("%s was saved by %d process(es), resuming with %d: dropout and shuffling "
@@ -281,6 +293,28 @@ class Trainer:
             torch.cuda.set_rng_state_all(rng["cuda"])
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.step,
                  self.sampler.epoch, self.sampler.position)
+
+    def _check_data_position(self, path: str, state: dict) -> bool:
+        """Refuse (or, with train.resume_data=next_epoch, accept) a checkpoint whose data position
+        indexes another batch list than this config makes; True when the position must move on to
+        the start of the next epoch."""
+        old = state.get("data")
+        if old is None:      # written before fingerprints existed
+            log.warning("%s has no data fingerprint: cannot check that the data and batching keys are "
+                        "unchanged", path)
+            return False
+        changes = fingerprint_changes(old, self.fingerprint)
+        if not changes:
+            return False
+        what = "; ".join(changes)
+        if self.cfg.train.resume_data == "next_epoch":
+            log.warning("%s: the training batches changed (%s): train.resume_data=next_epoch, so "
+                        "training continues with the new batch order from the next epoch", path, what)
+            return True
+        raise UserError(f"{path}: cannot resume exactly: the training batches changed since this checkpoint "
+                        f"({what}), so its data position would point into another batch order; "
+                        f"restore the old values, or set train.resume_data=next_epoch to continue with the new "
+                        f"order from the next epoch, or start a new log.dir with train.init_from={path}")
 
     # ------------------------------------------------------------------ training
     def _autocast(self):
@@ -333,17 +367,24 @@ class Trainer:
         stats.values["grad_norm"] = grad_norm
         return stats.values
 
-    def train(self) -> dict:
+    def train(self, stop_request: Optional[StopRequest] = None) -> dict:
+        """Train to train.max_steps (or max_epochs, or early stopping). With ``stop_request``, a
+        signal ends training at the next step boundary with a checkpoint (raises Interrupted)."""
         cfg = self.cfg.train
         if self.ctx.main:
             os.makedirs(self.ckpt_dir, exist_ok=True)
             save_config(self.cfg, os.path.join(self.run_dir, "config.yaml"))
+        stop = end = self._at_end()
+        if end or self.early.stop:
+            self._say_finished()
+            return {}
         reporter = Reporter(self.run_dir, self.cfg.log.tensorboard, cfg.max_steps, self.step, self.ctx.main)
         batches = iter(self.sampler)
         last_metrics: dict = {}
-        stop = end = self._at_end()
         try:
             while not (end or stop):
+                if stop_request and distributed.any_flag(stop_request.requested, self.ctx):
+                    self._stop_on_signal(stop_request.signum)
                 t0 = time.time()
                 step_batches = [next(batches) for _ in range(cfg.accum)]
                 values = self.train_step(step_batches)
@@ -364,6 +405,28 @@ class Trainer:
         finally:
             reporter.close()
         return last_metrics
+
+    def _stop_on_signal(self, signum: Optional[int]) -> None:
+        """Save once (unless this step is saved already) and raise Interrupted."""
+        if self.saved_step != self.step:
+            self.save()
+            if self.ctx.main:
+                log.warning("stopped at step %d: saved %s; run the same command to resume", self.step,
+                            os.path.join(self.ckpt_dir, "last.pt"))
+        elif self.ctx.main:
+            log.warning("stopped at step %d: nothing new to save since %s", self.step,
+                        "the start" if self.saved_step is None else f"step {self.saved_step}")
+        raise Interrupted(signum or signal.SIGTERM)   # another rank got the signal
+
+    def _say_finished(self) -> None:
+        if not self.ctx.main:
+            return
+        why = (f"early stopping: no improvement in {self.early.bad} validations (train.early_stopping="
+               f"{self.early.patience})" if self.early.stop and self.step < self.cfg.train.max_steps
+               else f"train.max_steps={self.cfg.train.max_steps}" if self.step >= self.cfg.train.max_steps
+               else f"train.max_epochs={self.cfg.train.max_epochs}")
+        log.warning("nothing to do: %s already finished at step %d (%s); raise that limit to train on, or use "
+                    "a new log.dir", self.run_dir, self.step, why)
 
     def _at_end(self) -> bool:
         """True once train.max_steps steps are done or train.max_epochs epochs are consumed."""
@@ -418,21 +481,75 @@ class Trainer:
         return report(hyps, refs, self.cfg.data.documents)["bleu"]
 
 
+def step_checkpoints(ckpt_dir: str) -> list[str]:
+    """The folder's ``step_N.pt`` files, oldest first."""
+    paths = glob.glob(os.path.join(ckpt_dir, "step_*.pt"))
+    return sorted((p for p in paths if re.search(r"step_\d+\.pt$", p)),
+                  key=lambda p: int(re.search(r"step_(\d+)\.pt$", p).group(1)))
+
+
+def load_resumable(path: str, ckpt_dir: str) -> dict:
+    """``last.pt`` with its training state, or a one-line error that says what to do instead."""
+    try:
+        ckpt = load_checkpoint(path)
+    except UserError as e:
+        raise UserError(f"{e}; {_intact_hint(path, ckpt_dir)}") from None
+    if "train_state" not in ckpt:
+        raise UserError(f"{path}: has no training state (a best.pt or an averaged checkpoint?), so it "
+                        f"cannot be resumed; to start from its weights use a new log.dir with "
+                        f"train.init_from={path}")
+    return ckpt
+
+
+def _intact_hint(path: str, ckpt_dir: str) -> str:
+    for candidate in reversed(step_checkpoints(ckpt_dir)):
+        try:
+            if "train_state" in load_checkpoint(candidate):
+                return (f"the newest intact checkpoint beside it is {candidate}: copy it to {path} to "
+                        f"resume from there, or start afresh with train.resume=false or a new log.dir")
+        except UserError:
+            continue
+    return "no intact step_N.pt beside it: start afresh with train.resume=false or a new log.dir"
+
+
+def config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """``key old -> new`` for every leaf of two config dicts that differs."""
+    out = []
+    for key in sorted(set(old) | set(new), key=str):
+        a, b, name = old.get(key), new.get(key), f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_changes(a, b, name + ".")
+        elif a != b:
+            out.append(f"{name} {a} -> {b}")
+    return out
+
+
 def _as_tuple(value):
     """random.setstate needs tuples; a checkpoint may hand back lists."""
     return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 def train(cfg: Config) -> dict:
-    """Train from a resolved config (single process, or one torchrun rank)."""
+    """Train from a resolved config (single process, or one torchrun rank): lock the run folder,
+    clear leftovers of interrupted saves, train; SIGTERM/SIGINT stop with a checkpoint."""
     ctx = distributed.init_distributed(cfg.train.device)
+    lock = None
     try:
-        set_threads(cfg, ctx)
-        result = Trainer(cfg, ctx).train()
-        # every rank waits for rank 0's last checkpoint before the process group is torn down: a
-        # rank that tears down early can abort in Gloo's teardown ("terminate called without an
-        # active exception", seen once in CI in the two-process resume test)
-        distributed.barrier(ctx)
-        return result
+        with StopRequest() as stop_request:
+            lock = lock_run_dir(cfg.log.dir, ctx)
+            if ctx.main:
+                freed = remove_partial_files(cfg.log.dir, None if cfg.data.cache_dir else
+                                             os.path.join(cfg.log.dir, "cache"))
+                if freed:
+                    log.info("removed leftovers of interrupted saves in %s (%.1f MB)", cfg.log.dir, freed / 1e6)
+            set_threads(cfg, ctx)
+            result = Trainer(cfg, ctx).train(stop_request)
+            # every rank waits for rank 0's last checkpoint before the process group is torn down: a
+            # rank that tears down early can abort in Gloo's teardown ("terminate called without an
+            # active exception", seen once in CI in the two-process resume test)
+            distributed.barrier(ctx)
+            return result
     finally:
+        if lock:
+            lock.release()
         distributed.shutdown(ctx)
