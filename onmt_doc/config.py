@@ -376,6 +376,9 @@ def _check_values(cfg: "Config", source: str) -> None:
                           f"({cfg.translate.beam})")
     if cfg.train.early_stopping_metric == "bleu" and not cfg.train.valid_bleu:
         raise ConfigError(f"{source}: train.early_stopping_metric: bleu needs train.valid_bleu: true")
+    if cfg.model.share_embeddings and not cfg.vocab.shared:   # checked before any subword learning
+        raise ConfigError(f"{source}: model.share_embeddings: true needs one shared vocabulary "
+                          f"(vocab.shared: true), or set model.share_embeddings: false")
     if not 0.0 <= cfg.model.word_dropout < 1.0:
         raise ConfigError(f"{source}: model.word_dropout: must be in [0, 1), got {cfg.model.word_dropout}")
     for which in ("encoder", "decoder"):

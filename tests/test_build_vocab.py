@@ -28,6 +28,7 @@ def test_build_vocab_cli_writes_separate_counted_vocabularies(toy_dir, tmp_path)
     data = small_corpus(toy_dir, tmp_path / "data", lines=200)
     cfg = tiny_config(toy_dir, tmp_path / "run", vocab={"subword": "none", "tokenizer": "space",
                                                         "shared": False, "min_freq": 2})
+    cfg["model"]["share_embeddings"] = False
     cfg["data"]["train"] = {"src": str(data / "train.src"), "tgt": str(data / "train.tgt")}
     proc = run_cli(*BUILD_VOCAB, "-config", str(write_config(cfg, tmp_path / "x.yaml")))
     assert proc.returncode == 0, proc.stderr
@@ -79,7 +80,8 @@ def test_sentencepiece_with_separate_vocabularies_trains_and_translates(toy_dir,
                       train={"max_steps": 3, "save_every": 3})
     cfg["data"] = {"train": {"src": str(data / "train.src"), "tgt": str(data / "train.tgt")}}
     with pytest.raises(ConfigError, match="share_embeddings.*vocab.shared"):
-        train(config_from_dict(cfg))
+        config_from_dict(cfg)                                  # refused when read, before any subword learning
+    assert not (tmp_path / "run").exists()
     cfg["model"]["share_embeddings"] = False
     train(config_from_dict(cfg))
     run = tmp_path / "run"
