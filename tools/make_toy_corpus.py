@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write the synthetic document-level toy corpus, or score context pronouns.
 
-Usage:
+Usage (also writes DIR/test.contrastive.json and .tsv, the test split's contrastive suite):
     python tools/make_toy_corpus.py --out DIR [--seed 1] [--train-docs N]
                                     [--valid-docs N] [--test-docs N]
     python tools/make_toy_corpus.py score --hyp FILE --ctx DIR/test.ctx [--ref FILE]
@@ -21,6 +21,7 @@ try:
 except ImportError:  # running from a checkout without installing the package
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from onmt_doc.evaluation.toy_suite import write_toy_suite  # noqa: E402
 from onmt_doc.toy_corpus import SPLITS, score_context, write_corpus  # noqa: E402
 
 PROG = "make_toy_corpus.py"
@@ -94,13 +95,15 @@ def main(argv: list[str] | None = None) -> int:
             valid_docs=args.valid_docs,
             test_docs=args.test_docs,
         )
+        suite = write_toy_suite(args.out, seed=args.seed, test_docs=args.test_docs)
     except (OSError, ValueError) as exc:
         _fail(str(exc))
     parts = [
         f"{split} {s.sentences} sentences / {s.documents} docs / {s.context_words} context words"
         for split, s in ((name, stats[name]) for name in SPLITS)
     ]
-    print(f"wrote {args.out}: " + "; ".join(parts))
+    print(f"wrote {args.out}: " + "; ".join(parts)
+          + f"; contrastive suite test.contrastive.json/.tsv: {suite} items")
     return 0
 
 

@@ -29,8 +29,9 @@ from onmt_doc.data.corpus import iter_parallel
 from onmt_doc.data.instances import Example, build_instances
 from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, PAD_ID, SOS_ID
 from onmt_doc.evaluation.bleu import report
-from onmt_doc.models.model import EncoderDecoder, full_log_probs
+from onmt_doc.models.model import EncoderDecoder
 from onmt_doc.translate.beam_search import BeamSearch
+from onmt_doc.translate.scoring import sentence_log_probs
 
 log = logging.getLogger("onmt_doc")
 
@@ -254,26 +255,26 @@ class Translator:
 
     # ------------------------------------------------------------------ forced decoding
     @torch.no_grad()
-    def _run_scoring(self, outputs: list[list], examples: list[Example]) -> Iterator[list[tuple[int, int]]]:
+    def _run_scoring(self, outputs: list[list], examples: list[Example],
+                     fmt: Callable[[float], str] = "{:.4f}".format) -> Iterator[list[tuple[int, int]]]:
         for idx, batch in self._batches(examples, by_source_only=False):
-            lp = full_log_probs(self.model, batch).gather(2, batch.tgt_out[..., None]).squeeze(2)
-            lp = lp.masked_fill(batch.tgt_out.eq(PAD_ID), 0.0)
-            # sentence k owns its <s> … </s> tokens; the final <eos> counts for the last sentence
-            tags = torch.cat([batch.tgt_groups[:, 1:], torch.zeros_like(batch.tgt_groups[:, :1])], 1)
-            tags = torch.where(batch.tgt_out.eq(EOS_ID), tags.max(1, keepdim=True).values, tags)
+            rows = list(self._rows(idx, batch, examples))
+            sums = sentence_log_probs(self.model, batch, [n for _, _, n in rows])
             done = []
-            for row, (ex, first, n) in enumerate(self._rows(idx, batch, examples)):
-                sums = torch.zeros(n + 1, dtype=lp.dtype).index_add_(0, tags[row].cpu(), lp[row].cpu())
+            for (ex, first, n), row_sums in zip(rows, sums):
                 for j in range(n):
-                    outputs[ex.doc][first + j] = [f"{float(sums[j + 1]):.4f}"]
+                    outputs[ex.doc][first + j] = [fmt(row_sums[j])]
                 done.append((ex.doc, n))
             yield done
 
-    def score_items(self, items: Iterable[Optional[list]]) -> Iterator[Optional[list[str]]]:
+    def score_items(self, items: Iterable[Optional[list]], exact: bool = False) -> Iterator[Optional[list[str]]]:
         """Log-probability of each given target sentence (with its markup and, for the last
-        sentence of an instance, the final <eos>)."""
+        sentence of an instance, the final <eos>); ``exact`` writes full float precision (repr,
+        which reads back to the same float) for callers that compare scores, else 4 decimals."""
         self.model.eval()
-        return self._process(items, self._run_scoring, with_target=True)
+        fmt = repr if exact else "{:.4f}".format
+        return self._process(items, lambda outputs, examples: self._run_scoring(outputs, examples, fmt),
+                             with_target=True)
 
     # ------------------------------------------------------------------ files
     def run_files(self, src: str, output: IO[str], tgt: Optional[str] = None, score: bool = False,

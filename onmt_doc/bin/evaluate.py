@@ -1,0 +1,189 @@
+"""onmt_doc_evaluate: what document context buys a model.
+
+  # contrastive suite (ContraPro-style JSON or TSV), with context, removed, and shuffled
+  onmt_doc_evaluate -model CKPT -suite test.contrastive.json -ablation none remove shuffle -json out.json
+  # metrics on translations: BLEU, chrF, d-BLEU, pronoun accuracy, lexical consistency
+  onmt_doc_evaluate -hyp test.hyp -ref test.tgt -src test.src -lang de
+
+Candidates are scored by forced decoding in context through the code path of
+``onmt_doc_translate -score``. Prints a table on stdout; -json writes every number; -tensorboard
+DIR logs them as scalars. docs/evaluation.md explains the formats and the metrics.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Optional
+
+from onmt_doc.bin.common import ArgumentParser, run
+from onmt_doc.errors import UserError
+
+
+def _parser() -> ArgumentParser:
+    p = ArgumentParser(prog="onmt_doc_evaluate", description=__doc__)
+    s = p.add_argument_group("contrastive suite")
+    s.add_argument("-model", "--model", help="checkpoint (.pt); needed with -suite")
+    s.add_argument("-suite", "--suite", help="suite file (JSON array, JSON Lines or TSV)")
+    s.add_argument("-format", "--format", default="auto", choices=("auto", "json", "tsv"))
+    s.add_argument("-context_src", "--context_src", help="JSON suites: source context file")
+    s.add_argument("-context_tgt", "--context_tgt", help="JSON suites: target context file")
+    s.add_argument("-context_lines", "--context_lines", type=int, default=1,
+                   help="lines of the context files per item (default 1)")
+    s.add_argument("-max_context", "--max_context", type=int, default=0,
+                   help="at most this many preceding sentences (0 = all the suite gives that the model's window holds)")
+    s.add_argument("-ablation", "--ablation", nargs="+", default=["none"], choices=("none", "remove", "shuffle"),
+                   help="context as given (none), removed, or shuffled from another document; several allowed")
+    s.add_argument("-seed", "--seed", type=int, default=1, help="seed of the shuffle ablation")
+    s.add_argument("-item_scores", "--item_scores", help="write every item's scores (JSON Lines)")
+    s.add_argument("-batch_tokens", "--batch_tokens", type=int)
+    s.add_argument("-device", "--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    s.add_argument("-threads", "--threads", type=int, default=0, help="CPU threads (0 = all cores)")
+    t = p.add_argument_group("metrics on translations")
+    t.add_argument("-hyp", "--hyp", help="translations (one line per -ref line, blank lines between documents)")
+    t.add_argument("-ref", "--ref", help="reference translations")
+    t.add_argument("-src", "--src", help="source (for lexical consistency)")
+    t.add_argument("-lang", "--lang", default="de", help="target language of the built-in pronoun list")
+    t.add_argument("-pronouns", "--pronouns", help="pronoun list file (one form a line), replaces -lang's")
+    t.add_argument("-lexicon", "--lexicon", help="source<TAB>target lexicon for consistency (default: induced)")
+    o = p.add_argument_group("output")
+    o.add_argument("-json", "--json", help="write the results as JSON to this file ('-' = stdout)")
+    o.add_argument("-tensorboard", "--tensorboard", help="log the results as TensorBoard scalars in this folder")
+    return p
+
+
+def _check(args) -> None:
+    if not args.suite and not args.hyp:
+        raise UserError("nothing to evaluate: give -suite (with -model) and/or -hyp with -ref")
+    if args.suite and not args.model:
+        raise UserError("-suite needs -model (the checkpoint that scores the candidates)")
+    if bool(args.hyp) != bool(args.ref):
+        raise UserError("-hyp and -ref go together")
+    if args.max_context < 0:
+        raise UserError(f"-max_context must be 0 or more (got {args.max_context})")
+    if args.batch_tokens is not None and args.batch_tokens < 1:
+        raise UserError(f"-batch_tokens must be at least 1 (got {args.batch_tokens})")
+
+
+def _translator(args):
+    import torch
+
+    from onmt_doc.models.checkpoint import load_model
+    from onmt_doc.train.distributed import pick_device
+    from onmt_doc.translate.translator import Translator, translator_options
+
+    device = pick_device(args.device, key="-device")
+    model, cfg, codec = load_model(args.model, device)
+    opts = translator_options(cfg.translate, batch_tokens=args.batch_tokens)
+    model.to(getattr(torch, opts.dtype))
+    return Translator(model, codec, cfg, opts, device)
+
+
+def contrastive_results(args) -> dict:
+    """Accuracy per ablation mode, each a full pass over the (streamed) suite."""
+    from onmt_doc.evaluation.contrastive import ablate, evaluate_suite, read_suite
+
+    translator = _translator(args)
+    results = {}
+    scores_out = open(args.item_scores, "w", encoding="utf-8") if args.item_scores else None
+    try:
+        for mode in dict.fromkeys(args.ablation):
+            start = time.time()
+            items = read_suite(args.suite, args.format, args.context_src, args.context_tgt, args.context_lines)
+            results[mode] = evaluate_suite(translator, ablate(items, mode, args.seed), args.max_context, scores_out)
+            results[mode]["seconds"] = round(time.time() - start, 2)
+            print(f"scored {results[mode]['total']} items (context {mode}) in {results[mode]['seconds']:.1f}s",
+                  file=sys.stderr)
+    finally:
+        if scores_out:
+            scores_out.close()
+    return results
+
+
+def translation_results(args) -> dict:
+    from onmt_doc.data.corpus import read_parallel
+    from onmt_doc.evaluation.document_metrics import pronoun_list, read_lexicon, translation_metrics
+
+    pairs = read_parallel(args.hyp, args.ref)
+    hyp_docs = [[h.split("\t")[0] for h, _ in d] for d in pairs]
+    ref_docs = [[r for _, r in d] for d in pairs]
+    src_docs = [[s for s, _ in d] for d in read_parallel(args.src, args.ref)] if args.src else None
+    lexicon = read_lexicon(args.lexicon) if args.lexicon else None
+    return translation_metrics(src_docs, hyp_docs, ref_docs, pronoun_list(args.lang, args.pronouns), lexicon)
+
+
+def format_translation(m: dict) -> str:
+    parts = [f"BLEU {m['bleu']:.2f}", f"chrF {m['chrf']:.2f}"]
+    if "d_bleu" in m:
+        parts.append(f"d-BLEU {m['d_bleu']:.2f}")
+    p = m["pronouns"]
+    parts.append(f"pronouns {p['accuracy']:.1f}% ({p['correct']}/{p['total']})")
+    if "consistency" in m:
+        c, r = m["consistency"], m["consistency_reference"]
+        parts.append(f"consistency {c['consistency']:.1f}% of {c['repeated_terms']} repeated terms "
+                     f"(reference {r['consistency']:.1f}%)")
+    return " | ".join(parts)
+
+
+def write_tensorboard(folder: str, results: dict) -> None:
+    """Every number of ``results`` as a scalar at step 0, named by its path."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(folder)
+    for name, value in _flatten(results):
+        writer.add_scalar(name, value, 0)
+    writer.close()
+
+
+def _flatten(tree: dict, prefix: str = "") -> list[tuple[str, float]]:
+    out = []
+    for k, v in tree.items():
+        name = f"{prefix}/{k}" if prefix else str(k)
+        if isinstance(v, dict):
+            out += _flatten(v, name)
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out.append((name.replace(" ", "_"), float(v)))
+    return out
+
+
+def _main(argv: Optional[list[str]]) -> int:
+    args = _parser().parse_args(argv)
+    _check(args)
+    import torch
+
+    from onmt_doc.evaluation.contrastive import format_table
+    from onmt_doc.train.reporting import setup_logging
+
+    setup_logging()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    results: dict = {}
+    if args.hyp:
+        results["translation"] = translation_results(args)
+        print(format_translation(results["translation"]))
+    if args.suite:
+        results["contrastive"] = contrastive_results(args)
+        print(format_table(results["contrastive"]))
+    if args.json:
+        text = json.dumps(results, indent=1, ensure_ascii=False) + "\n"
+        if args.json == "-":
+            sys.stdout.write(text)
+        else:
+            try:
+                with open(args.json, "w", encoding="utf-8") as f:
+                    f.write(text)
+            except OSError as e:
+                raise UserError(f"-json {args.json}: cannot write ({e.strerror})") from None
+    if args.tensorboard:
+        os.makedirs(args.tensorboard, exist_ok=True)
+        write_tensorboard(args.tensorboard, results)
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    return run(_main, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
