@@ -113,9 +113,10 @@ def bucket_sentences(codec, per_bucket: int) -> dict[str, list[str]]:
 def time_decoding(models: dict, batches: list, rounds: int) -> dict[str, dict[str, float]]:
     """Per model: median seconds of beam-4 search over ``batches`` (models alternating per batch)
     and the output tokens of the best hypotheses (sentences/s depends on how long they are)."""
-    from onmt_doc.translate.beam_search import BeamSearch
+    from onmt_doc.translate.length_penalty import GNMTPenalty
+    from onmt_doc.translate.search import BeamSearch
 
-    search = BeamSearch(beam=4, alpha=1.0, max_len_ratio=1.5, max_len_add=10)
+    search = BeamSearch(beam=4, penalty=GNMTPenalty(1.0), max_len_ratio=1.5, max_len_add=10)
     seconds: dict[str, list[float]] = {name: [] for name in models}
     tokens = dict.fromkeys(models, 0)
     for _ in range(rounds):

@@ -7,7 +7,8 @@ import torch
 from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, MASK_ID, PAD_ID, SOS_ID
 from onmt_doc.decoders.base import LengthLimit
 from onmt_doc.models.model import full_log_probs
-from onmt_doc.translate.beam_search import BeamSearch, length_penalty
+from onmt_doc.translate.length_penalty import GNMTPenalty
+from onmt_doc.translate.search import BeamSearch
 
 from model_helpers import random_batch, random_model
 
@@ -95,7 +96,7 @@ def test_beam_scores_equal_forced_decoding():
     """Each hypothesis' log-probability equals the teacher-forced log-probability of its tokens."""
     model, _ = random_model(TRANSFORMER, seed=3)
     batch = random_batch(SIZES)
-    search = BeamSearch(beam=4, n_best=3, alpha=1.0, max_len_ratio=1.0, max_len_add=4)
+    search = BeamSearch(beam=4, n_best=3, penalty=GNMTPenalty(1.0), max_len_ratio=1.0, max_len_add=4)
     with torch.no_grad():
         results = search.search(model, batch)
         enc = model.encode(batch)
@@ -112,7 +113,7 @@ def test_beam_scores_equal_forced_decoding():
                 one = EncoderOut(enc.memory[row:row + 1], enc.pad_mask[row:row + 1])
                 lp = full_log_probs(model, sub, one)[0].gather(1, tokens[0, :, None]).sum()
                 assert abs(float(lp) - h.log_prob) < 1e-4
-                lp_len = float(length_penalty(torch.tensor(float(len(h.tokens) + 1)), 1.0))
+                lp_len = float(GNMTPenalty(1.0)(torch.tensor(float(len(h.tokens) + 1))))
                 assert abs(h.score - h.log_prob / lp_len) < 1e-5
 
 
@@ -122,7 +123,7 @@ def test_greedy_equals_argmax_of_forced_pass():
     model, _ = random_model(TRANSFORMER, seed=5)
     batch = random_batch(SIZES)
     with torch.no_grad():
-        hyps = BeamSearch(beam=1, alpha=0.0, max_len_ratio=1.0, max_len_add=5).search(model, batch)
+        hyps = BeamSearch(beam=1, penalty=GNMTPenalty(0.0), max_len_ratio=1.0, max_len_add=5).search(model, batch)
         enc = model.encode(batch)
         state = model.init_state(enc, batch)
         tokens = batch.tgt_in[:, 0]
@@ -150,7 +151,7 @@ def test_greedy_equals_argmax_of_forced_pass():
 def test_finished_sentences_leave_the_batch_without_changing_results():
     """A sentence's result does not depend on which other sentences share its batch."""
     model, _ = random_model(TRANSFORMER, seed=7)
-    search = BeamSearch(beam=3, alpha=0.6, max_len_ratio=1.5, max_len_add=3)
+    search = BeamSearch(beam=3, penalty=GNMTPenalty(0.6), max_len_ratio=1.5, max_len_add=3)
     batch = random_batch(SIZES, seed=4)
     with torch.no_grad():
         together = search.search(model, batch)

@@ -18,7 +18,7 @@ from onmt_doc.modules import analysis
 from onmt_doc.modules.group_attention import group_attend, plan_cross, plan_self
 from onmt_doc.modules.word_dropout import word_dropout
 from onmt_doc.train.trainer import train
-from onmt_doc.translate.beam_search import BeamSearch
+from onmt_doc.translate.search import BeamSearch
 from onmt_doc.translate.translator import Translator
 
 from conftest import init_from_run, make_trainer, tiny_config

@@ -15,7 +15,7 @@ from onmt_doc.config import config_from_dict
 from onmt_doc.data.vocab import EOS_SENT_ID, PAD_ID, SOS_ID, SPECIALS
 from onmt_doc.errors import ConfigError
 from onmt_doc.models.model import full_log_probs
-from onmt_doc.translate.beam_search import BeamSearch
+from onmt_doc.translate.search import BeamSearch
 
 from model_helpers import N_WORDS, random_model
 from test_decoding import stepwise_log_probs

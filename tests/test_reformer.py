@@ -12,7 +12,8 @@ from onmt_doc.models.model import full_log_probs
 from onmt_doc.modules.separable import (SOURCE_AXIS, TARGET_AXIS, Dropout1d, Dropout2d, Reduction,
                                         SourceAttention, TargetAttention)
 from onmt_doc.train.trainer import train
-from onmt_doc.translate.beam_search import BeamSearch
+from onmt_doc.translate.length_penalty import GNMTPenalty
+from onmt_doc.translate.search import BeamSearch
 
 from conftest import tiny_config
 from model_helpers import random_batch, random_model
@@ -178,7 +179,7 @@ def test_decoding_cache_holds_one_row_per_step_and_layer():
 
 def test_beam_search_finished_sentences_do_not_change_results():
     model, _ = random_model(FAST, seed=7)
-    search = BeamSearch(beam=3, alpha=0.6, max_len_ratio=1.5, max_len_add=3)
+    search = BeamSearch(beam=3, penalty=GNMTPenalty(0.6), max_len_ratio=1.5, max_len_add=3)
     batch = random_batch(SIZES, seed=4)
     with torch.no_grad():
         together = search.search(model, batch)

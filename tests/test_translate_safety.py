@@ -21,7 +21,7 @@ from onmt_doc.data.vocab import EOS_ID, EOS_SENT_ID, SOS_ID
 from onmt_doc.decoders.base import LengthLimit
 from onmt_doc.errors import ConfigError, DataError
 from onmt_doc.models.checkpoint import save_checkpoint
-from onmt_doc.translate.beam_search import Hypothesis
+from onmt_doc.translate.search import Hypothesis
 from onmt_doc.translate.translator import EMPTY_FILL, Translator, piece_spans
 
 TRANSLATE = module_cmd("onmt_doc.bin.translate")

@@ -27,6 +27,8 @@ def _parser() -> ArgumentParser:
     p.add_argument("-beam", "--beam", type=int)
     p.add_argument("-n_best", "--n_best", type=int, help="write n hypotheses per line, tab-separated")
     p.add_argument("-length_penalty", "--length_penalty", type=float, help="GNMT alpha, >= 0")
+    p.add_argument("-length_penalty_type", "--length_penalty_type", choices=["gnmt", "avg", "none"],
+                   help="divisor of hypothesis scores: gnmt ((5+len)/6)^alpha, avg (len), none")
     p.add_argument("-max_len_ratio", "--max_len_ratio", type=float)
     p.add_argument("-max_length", "--max_length", type=int, help="output cap per sentence (tokens)")
     p.add_argument("-max_input_tokens", "--max_input_tokens", type=int,
@@ -64,7 +66,8 @@ def _main(argv: Optional[list[str]]) -> int:
     device = pick_device(args.device, key="-device")
     model, cfg, codec = load_model(args.model, device)
     opts = translator_options(cfg.translate, beam=args.beam, n_best=args.n_best,
-                              length_penalty=args.length_penalty, max_len_ratio=args.max_len_ratio,
+                              length_penalty=args.length_penalty, length_penalty_type=args.length_penalty_type,
+                              max_len_ratio=args.max_len_ratio,
                               max_length=args.max_length, max_input_tokens=args.max_input_tokens,
                               window_sentences=args.window_sentences,
                               batch_tokens=args.batch_tokens, batch_sentences=args.batch_sentences,

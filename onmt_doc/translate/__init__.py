@@ -1,1 +1,1 @@
-"""Translation: batched beam search, the streaming document translator, forced decoding."""
+"""Translation: batched search (beam, greedy), the streaming document translator, forced decoding."""

@@ -30,7 +30,7 @@ from onmt_doc.data.instances import Example, build_instances
 from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, PAD_ID, SOS_ID
 from onmt_doc.evaluation.bleu import report
 from onmt_doc.models.model import EncoderDecoder
-from onmt_doc.translate.beam_search import BeamSearch
+from onmt_doc.translate.search import build_search
 from onmt_doc.translate.scoring import sentence_log_probs
 
 log = logging.getLogger("onmt_doc")
@@ -115,8 +115,7 @@ class Translator:
         self.model, self.codec, self.cfg = model, codec, cfg
         self.opt = options or cfg.translate
         self.device = device or next(model.parameters()).device
-        self.search = BeamSearch(self.opt.beam, self.opt.n_best, self.opt.length_penalty,
-                                 self.opt.max_len_ratio, self.opt.max_len_add, self.opt.max_length)
+        self.search = build_search(self.opt)
         self.stats = TranslationStats()
 
     # ------------------------------------------------------------------ shared machinery

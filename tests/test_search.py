@@ -1,0 +1,174 @@
+"""Search strategies and length penalties: hand-computed penalties, greedy = beam 1, and every
+hypothesis' score is the forced-decoding log-probability of its tokens divided by its penalty."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from onmt_doc.bin.translate import _parser
+from onmt_doc.config import ConfigError, TranslateConfig, config_from_dict
+from onmt_doc.data.batching import collate
+from onmt_doc.data.instances import Example
+from onmt_doc.data.vocab import EOS_ID, PAD_ID
+from onmt_doc.models.model import full_log_probs
+from onmt_doc.translate.length_penalty import (AveragePenalty, GNMTPenalty, NoPenalty, build_length_penalty)
+from onmt_doc.translate.search import BeamSearch, GreedySearch, Search, build_search
+
+from model_helpers import random_batch, random_model
+from test_decoding import SIZES, TRANSFORMER
+from test_g_transformer import G, doc_batch
+from test_hm_gdc import BOTH, context_batch, random_docs
+
+PENALTIES = {"gnmt_0.6": GNMTPenalty(0.6), "avg": AveragePenalty(), "none": NoPenalty()}
+
+
+# ------------------------------------------------------------------------------ length penalties
+@pytest.mark.parametrize("penalty, length, expected", [
+    (GNMTPenalty(1.0), 1, 1.0),                 # (5 + 1) / 6
+    (GNMTPenalty(1.0), 7, 2.0),                 # (5 + 7) / 6
+    (GNMTPenalty(0.6), 7, 2.0 ** 0.6),          # 1.5157…
+    (GNMTPenalty(2.0), 10, 6.25),               # (15 / 6)^2
+    (GNMTPenalty(0.0), 10, 1.0),                # alpha 0: no penalty
+    (AveragePenalty(), 7, 7.0),
+    (NoPenalty(), 7, 1.0),
+])
+def test_length_penalties_against_hand_computed_values(penalty, length, expected):
+    assert float(penalty(torch.tensor(float(length)))) == pytest.approx(expected, rel=1e-6)
+
+
+def test_length_penalties_are_elementwise_and_leave_their_input_alone():
+    lengths = torch.tensor([1.0, 7.0, 19.0])
+    for penalty in PENALTIES.values():
+        out = penalty(lengths)
+        assert out.shape == lengths.shape and out.dtype == lengths.dtype
+        assert torch.equal(lengths, torch.tensor([1.0, 7.0, 19.0]))
+    assert torch.allclose(GNMTPenalty(1.0)(lengths), torch.tensor([1.0, 2.0, 4.0]))
+
+
+def test_build_length_penalty_by_name():
+    assert build_length_penalty("gnmt", 0.6) == GNMTPenalty(0.6)
+    assert build_length_penalty("avg", 0.6) == AveragePenalty()
+    assert build_length_penalty("none", 0.6) == NoPenalty()
+    with pytest.raises(ValueError, match="wu"):
+        build_length_penalty("wu")
+
+
+# ------------------------------------------------------------------------------ configuration
+def test_build_search_follows_the_translate_section():
+    greedy = build_search(TranslateConfig(beam=1, length_penalty=0.3))
+    assert isinstance(greedy, GreedySearch) and greedy.n_best == 1 and greedy.penalty == GNMTPenalty(0.3)
+    beam = build_search(TranslateConfig(beam=4, n_best=2, length_penalty_type="avg", max_length=9))
+    assert isinstance(beam, BeamSearch) and (beam.beam, beam.n_best) == (4, 2)
+    assert beam.penalty == AveragePenalty() and beam.limit.max_length == 9
+
+
+def test_length_penalty_type_is_checked_and_has_a_flag():
+    assert config_from_dict({"translate": {"length_penalty_type": "none"}}).translate.length_penalty_type == "none"
+    with pytest.raises(ConfigError, match="length_penalty_type"):
+        config_from_dict({"translate": {"length_penalty_type": "wu"}})
+    args = _parser().parse_args(["-model", "m.pt", "-src", "-", "-length_penalty_type", "avg"])
+    assert args.length_penalty_type == "avg"
+
+
+# ------------------------------------------------------------------------------ greedy = beam 1
+CASES = {
+    "transformer": (TRANSFORMER, lambda: random_batch(SIZES * 2, seed=1)),
+    "g_transformer": (G, lambda: doc_batch(seed=5)),
+    "hm_gdc": (BOTH, lambda: context_batch(random_docs([3, 1, 4], seed=5))),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_greedy_equals_beam_one(name):
+    """Greedy keeps the argmax; beam 1 keeps the best candidate not ending in ``<eos>`` and stops
+    when the best does: the same tokens, scores and log-probabilities, bit for bit."""
+    section, make_batch = CASES[name]
+    for seed in (0, 1):
+        model, _ = random_model(section, seed=seed)
+        batch = make_batch()
+        greedy = GreedySearch(penalty=GNMTPenalty(0.6), max_len_ratio=1.0, max_len_add=4).search(model, batch)
+        beam = BeamSearch(beam=1, penalty=GNMTPenalty(0.6), max_len_ratio=1.0, max_len_add=4).search(model, batch)
+        as_tuples = [[(h.tokens, h.score, h.log_prob) for h in hyps] for hyps in greedy]
+        assert as_tuples == [[(h.tokens, h.score, h.log_prob) for h in hyps] for hyps in beam]
+        assert all(len(hyps) == 1 for hyps in greedy)
+
+
+# ------------------------------------------------------------------------------ scores = forced decoding
+def ending_model(seed: int, bias: float = 3.0):
+    """A random Transformer whose ``<eos>`` logit is raised, so hypotheses end at many lengths
+    (an untrained model otherwise runs to the length cap) and the penalty decides the ranking."""
+    model, _ = random_model(TRANSFORMER, seed=seed)
+    with torch.no_grad():
+        model.generator.bias[EOS_ID] += bias
+    return model
+
+
+def forced_log_probs(model, sources: list[np.ndarray], targets: list[list[int]], sentences: list[int]) -> list[float]:
+    """Teacher-forced log-probability of each target (``<eos>`` appended) given its source."""
+    examples = [Example(src, np.array(tgt, dtype=np.int64), i, 0, n)
+                for i, (src, tgt, n) in enumerate(zip(sources, targets, sentences))]
+    batch = collate(examples, np.arange(len(examples)))
+    with torch.no_grad():
+        lp = full_log_probs(model, batch).gather(2, batch.tgt_out[..., None]).squeeze(2)
+    return lp.masked_fill(batch.tgt_out.eq(PAD_ID), 0.0).sum(1).tolist()
+
+
+def check_scores_are_forced_scores(search: Search, model, batch, sentences: list[int]) -> None:
+    results = search.search(model, batch)
+    assert len(results) == batch.size
+    flat = [(row, h) for row, hyps in enumerate(results) for h in hyps]
+    sources = [batch.src[row][batch.src[row].ne(PAD_ID)].numpy() for row, _ in flat]
+    forced = forced_log_probs(model, sources, [h.tokens for _, h in flat], [sentences[row] for row, _ in flat])
+    for (row, h), lp in zip(flat, forced):
+        assert EOS_ID not in h.tokens
+        assert h.log_prob == pytest.approx(lp, abs=1e-4)
+        assert h.score == pytest.approx(h.log_prob / float(search.penalty(torch.tensor(len(h.tokens) + 1.0))),
+                                        rel=1e-6)
+    for hyps in results:
+        assert 1 <= len(hyps) <= search.n_best
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+        assert len({tuple(h.tokens) for h in hyps}) == len(hyps)
+
+
+@pytest.mark.parametrize("penalty", PENALTIES)
+def test_beam_scores_are_penalized_forced_scores(penalty):
+    model = ending_model(seed=2)
+    batch = random_batch(SIZES, seed=6)
+    search = BeamSearch(beam=4, n_best=4, penalty=PENALTIES[penalty], max_len_ratio=1.0, max_len_add=4)
+    check_scores_are_forced_scores(search, model, batch, [1] * batch.size)
+
+
+def test_greedy_scores_are_penalized_forced_scores():
+    model = ending_model(seed=4, bias=2.0)
+    batch = random_batch(SIZES, seed=3)
+    search = GreedySearch(penalty=AveragePenalty(), max_len_ratio=1.0, max_len_add=4)
+    check_scores_are_forced_scores(search, model, batch, [1] * batch.size)
+
+
+def test_document_beam_scores_are_penalized_forced_scores():
+    """G-Transformer: whole documents, with the decoder's own structure rules."""
+    model, _ = random_model(G, seed=1)
+    batch = doc_batch(seed=3)
+    search = BeamSearch(beam=3, n_best=3, penalty=GNMTPenalty(1.0), max_len_ratio=1.0, max_len_add=2)
+    check_scores_are_forced_scores(search, model, batch, [int(n) for n in batch.src_groups.max(1).values])
+
+
+def test_the_penalty_only_reranks_finished_hypotheses():
+    """The search runs on raw log-probabilities, so every penalty draws from the same finished
+    hypotheses: one that another penalty returned but this one did not scores no better, under
+    this penalty, than the ones it returned. Raw scores favour the short ones, ``avg`` the long."""
+    model = ending_model(seed=9)
+    batch = random_batch(SIZES, seed=1)
+    runs = {name: BeamSearch(beam=5, n_best=3, penalty=p, max_len_ratio=1.5, max_len_add=6).search(model, batch)
+            for name, p in PENALTIES.items()}
+    for row in range(batch.size):
+        pool = {tuple(h.tokens): h.log_prob for hyps in runs.values() for h in hyps[row]}
+        for name, penalty in PENALTIES.items():
+            returned = {tuple(h.tokens) for h in runs[name][row]}
+            worst = min(h.score for h in runs[name][row])
+            for tokens, log_prob in pool.items():
+                if tokens not in returned:
+                    assert log_prob / float(penalty(torch.tensor(len(tokens) + 1.0))) <= worst + 1e-6
+        assert [h.score for h in runs["none"][row]] == [h.log_prob for h in runs["none"][row]]
+        assert len(runs["none"][row][0].tokens) < len(runs["avg"][row][0].tokens)
