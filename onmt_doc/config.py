@@ -5,6 +5,12 @@ key; a wrong type names the key and the expected type. Parts chosen by ``type:``
 decoder, losses, optimizer, schedule) are validated against the config dataclass their registry
 entry declares, so each part sees only its own section. Every key has a default except the data
 paths, which the commands that need them check.
+
+Every key is declared with :func:`option` (or :func:`part`): its help text lives in the field's
+metadata, and ``docs/config.md``'s key tables are generated from it (``tools/config_reference.py``).
+Checks that types cannot express live with the dataclass that owns the keys: a field's
+``minimum`` metadata, and a ``validate(path, root)`` method that the loader calls on every section
+and every part section once the whole config is read, so a new part brings its own checks.
 """
 from __future__ import annotations
 
@@ -13,7 +19,7 @@ import dataclasses
 import os
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union
 
 import yaml
 
@@ -23,30 +29,71 @@ from onmt_doc.registry import closest, registry_for
 FORMAT_VERSION = 1
 
 
+def option(default: Any = dataclasses.MISSING, help: str = "", *, factory: Optional[Callable[[], Any]] = None,
+           minimum: Optional[float] = None, shown: Optional[str] = None) -> Any:
+    """A config key with its help text (the meaning column of docs/config.md).
+
+    ``factory`` builds mutable or nested defaults; a list or dict ``default`` is copied per
+    instance. ``minimum``: the loader refuses smaller values (a zero that would divide by zero or
+    silently do nothing). ``shown``: the default as the docs print it, when the value misleads
+    (a required key whose default is null)."""
+    metadata: dict[str, Any] = {"help": help}
+    if minimum is not None:
+        metadata["minimum"] = minimum
+    if shown is not None:
+        metadata["shown"] = shown
+    if isinstance(default, (list, dict)):
+        value = default
+        factory = lambda: copy.deepcopy(value)   # noqa: E731
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
 @dataclass
 class PartConfig:
     """Base of every registered part's config: ``type`` names the registry entry."""
 
-    type: str = ""
+    type: str = option("", "registered name of the part")
+
+    def validate(self, path: str, root: "Config") -> None:
+        """Check values against each other and the rest of the config (``root``) once it is read.
+
+        ``path`` is the section's key path (``model.encoder``, ``loss.1``); raise a one-line
+        :class:`ConfigError` starting with the key path (the loader adds the file name)."""
 
 
 @dataclass
 class LossConfig(PartConfig):
     """Base of every loss config: losses in the ``loss:`` list are summed with these weights."""
 
-    weight: float = 1.0
+    type: str = option("", "registered loss name", shown="(required)")
+    weight: float = option(1.0, "factor of this loss in the sum")
 
 
-def part(kind: str, default_type: Optional[str] = None, **kw: Any) -> Any:
+def part(kind: str, default_type: Optional[str] = None, help: str = "") -> Any:
     """A config field holding a registered part (or, without a default type, a list of them)."""
-    metadata = {"part": kind}
+    metadata = {"part": kind, "help": help}
     if default_type is None:
-        return field(default_factory=list, metadata=metadata, **kw)
-    return field(default_factory=lambda: default_part(kind, default_type), metadata=metadata, **kw)
+        return field(default_factory=list, metadata=metadata)
+    return field(default_factory=lambda: default_part(kind, default_type), metadata=metadata)
 
 
 def default_part(kind: str, name: str) -> PartConfig:
     return registry_for(kind).get(name).config(type=name)
+
+
+def check_heads(heads: int, path: str, root: "Config") -> None:
+    """Attention splits model.d_model into ``heads`` equal slices; a remainder would fail deep in a layer."""
+    if heads and root.model.d_model % heads:
+        raise ConfigError(f"{path}.heads: model.d_model ({root.model.d_model}) is not divisible by {heads} heads")
+
+
+def check_top_layers(cfg: Any, key: str, path: str) -> None:
+    """``key`` counts the top layers of the stack with a feature, so it fits in ``cfg.layers``."""
+    value = getattr(cfg, key)
+    if not 0 <= value <= cfg.layers:
+        raise ConfigError(f"{path}.{key}: must be between 0 and {path}.layers ({cfg.layers}), got {value}")
 
 
 # ----------------------------------------------------------------------------- sections
@@ -54,134 +101,212 @@ def default_part(kind: str, name: str) -> PartConfig:
 
 @dataclass
 class CorpusConfig:
-    src: Optional[str] = None
-    tgt: Optional[str] = None
+    src: Optional[str] = option(None, "source file")
+    tgt: Optional[str] = option(None, "target file, line-aligned with `src`")
 
 
 @dataclass
 class DataConfig:
-    train: CorpusConfig = field(default_factory=CorpusConfig)
-    valid: CorpusConfig = field(default_factory=CorpusConfig)
-    # blank lines separate documents; false = every line stands alone (blank lines are then
-    # skipped in training and kept in translation output)
-    documents: bool = True
-    max_tokens: int = 512          # document instance budget (subword tokens with markup)
-    max_sentences: int = 0         # context unit (HM-GDC): document window size (0 = whole documents)
-    max_len: int = 0               # drop training pairs with a side longer than this (0 = keep all)
-    max_line_chars: int = 20000    # a longer line is an error (a sign of a broken file)
-    cache_dir: Optional[str] = None  # binarized data cache; default: <log.dir>/cache
+    train: CorpusConfig = option(help="training files; both required by training", factory=CorpusConfig)
+    valid: CorpusConfig = option(help="validation files; both or neither. Without them: no validation, no "
+                                 "`best.pt`, no early stopping", factory=CorpusConfig)
+    documents: bool = option(True, "blank lines separate documents; `false` = every line stands alone (blank "
+                             "lines are then skipped in training and kept in translation output)")
+    max_tokens: int = option(512, "budget of a document instance, per side, in subword tokens with markup; "
+                             "used by `document`-unit models only", minimum=1)
+    max_sentences: int = option(0, "`context`-unit models (HM-GDC): documents are cut into windows of at most "
+                                "this many sentences, each window one instance whose sentences are batch rows "
+                                "sharing its context (0 = whole documents)", minimum=0)
+    max_len: int = option(0, "drop training sentence pairs with a side longer than this many subwords; the "
+                          "count is logged (0 = keep all)")
+    max_line_chars: int = option(20000, "a longer line is an error, a sign of a broken file (0 = no limit); "
+                                 "`onmt_doc_translate -max_line_chars` overrides the checkpoint's value")
+    cache_dir: Optional[str] = option(None, "binarized data cache; `null` = `<log.dir>/cache`")
 
 
 @dataclass
 class VocabConfig:
-    subword: Literal["bpe", "sentencepiece", "none"] = "bpe"
-    size: int = 8000               # BPE merges / SentencePiece pieces
-    shared: bool = True            # one subword model and one vocabulary for both sides
-    min_freq: int = 1              # vocabulary entries seen fewer times are dropped
-    max_size: int = 0              # cap on vocabulary entries (0 = no cap)
-    tokenizer: Literal["aggressive", "conservative", "space", "char", "none"] = "aggressive"
-    sample_lines: int = 0          # learn the subword model on this many lines (0 = all)
+    subword: Literal["bpe", "sentencepiece", "none"] = option("bpe", "subword model")
+    size: int = option(8000, "BPE merges, or SentencePiece pieces", minimum=1)
+    shared: bool = option(True, "one subword model and one vocabulary for both sides")
+    min_freq: int = option(1, "vocabulary entries seen fewer times are dropped")
+    max_size: int = option(0, "cap on vocabulary entries, specials included (0 = no cap)")
+    tokenizer: Literal["aggressive", "conservative", "space", "char", "none"] = option(
+        "aggressive", "pyonmttok pre-tokenization mode (with joiners; `none` = split on spaces, no joiners); "
+        "ignored by SentencePiece")
+    sample_lines: int = option(0, "learn the subword model on the first this many non-blank lines of each file "
+                               "(0 = all); the vocabulary counts all lines")
 
 
 @dataclass
 class ModelConfig:
-    d_model: int = 512
-    share_embeddings: bool = True  # source and target embeddings (needs vocab.shared)
-    tie_output: bool = True        # output projection = target embedding matrix
-    dropout: float = 0.1
-    attention_dropout: float = 0.1
-    max_positions: int = 4096      # sinusoidal table size, grown on demand
-    # training only: replace source and decoder-input words (never special tokens) by
-    # word_dropout_token with this probability (G-Transformer uses 0.3 from scratch, 0.1 fine-tuned)
-    word_dropout: float = 0.0
-    word_dropout_token: Literal["unk", "mask"] = "unk"
-    encoder: PartConfig = part("encoder", "transformer")
-    decoder: PartConfig = part("decoder", "transformer")
+    d_model: int = option(512, "model width, shared by embeddings, encoder and decoder", minimum=1)
+    share_embeddings: bool = option(True, "one embedding matrix for source and target; needs `vocab.shared: "
+                                    "true` (a config with `vocab.shared: false` must set it to `false`: refused "
+                                    "when the config is read)")
+    tie_output: bool = option(True, "the output projection uses the target embedding matrix (it keeps its own "
+                              "bias)")
+    dropout: float = option(0.1, "dropout on embeddings, on every sublayer output before the residual sum, and "
+                            "inside the feed-forward")
+    attention_dropout: float = option(0.1, "dropout on attention probabilities")
+    max_positions: int = option(4096, "initial size of the sinusoidal position table; it grows on demand and is "
+                                "not saved")
+    word_dropout: float = option(0.0, "training only: each source word and decoder-input word is replaced by "
+                                 "`word_dropout_token` with this probability; special tokens (markup, `<bos>`) "
+                                 "and the targets never change (G-Transformer: 0.3 from scratch, 0.1 fine-tuned); "
+                                 "must be in [0, 1)")
+    word_dropout_token: Literal["unk", "mask"] = option("unk", "the replacement token of word dropout")
+    encoder: PartConfig = part("encoder", "transformer", "the encoder; see [Encoders](#encoders)")
+    decoder: PartConfig = part("decoder", "transformer", "the decoder; see [Decoders](#decoders)")
+
+    def validate(self, path: str, root: "Config") -> None:
+        """Word dropout is a probability of replacing a word; 1 would replace them all."""
+        if not 0.0 <= self.word_dropout < 1.0:
+            raise ConfigError(f"{path}.word_dropout: must be in [0, 1), got {self.word_dropout}")
 
 
 @dataclass
 class OptimConfig(PartConfig):
     """Optimizer section; ``type`` is adam, adamw, sgd or a torch-optimizer name (radam, lamb…)."""
 
-    type: str = "adam"
-    lr: float = 5.0e-4
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
-    eps: float = 1.0e-9
-    weight_decay: float = 0.0
-    params: dict = field(default_factory=dict)  # other constructor arguments, checked by name
-    schedule: PartConfig = part("schedule", "inverse_sqrt")
+    type: str = option("adam", "optimizer name, see [Optimizers](#optimizers)")
+    lr: float = option(5.0e-4, "base learning rate; the lr of a step is `lr × lr_scale × schedule factor`")
+    betas: list[float] = option([0.9, 0.98], "passed when the optimizer accepts `betas`")
+    eps: float = option(1.0e-9, "passed when the optimizer accepts `eps`")
+    weight_decay: float = option(0.0, "passed when the optimizer accepts `weight_decay`")
+    params: dict = option({}, "any other constructor argument by name, e.g. `{momentum: 0.9, nesterov: true}` "
+                          "for `sgd`")
+    schedule: PartConfig = part("schedule", "inverse_sqrt", "learning-rate schedule, see [Schedules](#schedules)")
 
 
 @dataclass
 class TrainConfig:
-    batch_tokens: int = 4096       # padded tokens per batch: B * max(src_len, tgt_len)
-    accum: int = 1                 # batches per optimizer step
-    max_steps: int = 100000
-    max_epochs: int = 0            # 0 = no limit
-    valid_every: int = 1000
-    valid_bleu: bool = True        # translate the validation set at each validation
-    valid_beam: int = 1            # beam for validation BLEU (1 = greedy, fast)
-    save_every: int = 1000
-    keep_last: int = 5
-    early_stopping: int = 0        # stop after this many validations without improvement (0 = off)
-    early_stopping_metric: Literal["loss", "bleu"] = "loss"
-    max_grad_norm: float = 1.0     # 0 = no clipping
-    # mixed precision; auto = bf16 on GPUs (fp16 where bf16 is missing), fp32 on CPUs
-    amp: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
-    seed: int = 1
-    init_from: Optional[str] = None  # checkpoint whose matching parameters initialise the model
-    init_lr_scale: float = 0.2     # lr scale of the parameters copied by init_from
-    resume: bool = True            # continue from <log.dir>/checkpoints/last.pt when it exists
-    # a resume whose data or batching keys (train.batch_tokens, train.seed, processes) changed:
-    # exact = refuse; next_epoch = accept, continue with the new batch order from the next epoch
-    resume_data: Literal["exact", "next_epoch"] = "exact"
-    device: str = "auto"           # auto | cpu | cuda | cuda:N
-    threads: int = 0               # CPU threads per process (0 = OMP_NUM_THREADS alone, else cores / local processes)
+    batch_tokens: int = option(4096, "padded tokens per batch: B × max(source length, target length + 1), "
+                               "markup included (see [data.md](data.md#token-budget)); also the validation "
+                               "batch size", minimum=1)
+    accum: int = option(1, "batches per optimizer step, per process", minimum=1)
+    max_steps: int = option(100000, "optimizer steps; training stops there, validating and saving at that step",
+                            minimum=0)
+    max_epochs: int = option(0, "stop once this many epochs are done (0 = no limit). Checked before each step, "
+                             "so the step that starts the next epoch still runs; there is no extra save or "
+                             "validation when this limit ends the run")
+    valid_every: int = option(1000, "validate every this many steps (and at `max_steps`)", minimum=1)
+    valid_bleu: bool = option(True, "translate the validation set at each validation and report BLEU")
+    valid_beam: int = option(1, "beam for validation BLEU (1 = greedy, fast)", minimum=1)
+    save_every: int = option(1000, "write `step_N.pt` and `last.pt` every this many steps (and at `max_steps` "
+                             "and when early stopping)", minimum=1)
+    keep_last: int = option(5, "how many `step_N.pt` files to keep (at least 1; older ones are deleted, and so "
+                            "are leftovers `*.tmp<pid>` of interrupted saves)", minimum=1)
+    early_stopping: int = option(0, "stop after this many validations in a row without improvement (0 = off)")
+    early_stopping_metric: Literal["loss", "bleu"] = option(
+        "loss", "validation metric for early stopping and `best.pt` (lower loss / higher BLEU is better); `bleu` "
+        "needs `valid_bleu: true`")
+    max_grad_norm: float = option(1.0, "clip the gradient norm to this (0 = no clipping; the norm is still "
+                                  "logged)")
+    amp: Literal["auto", "bf16", "fp16", "fp32"] = option(
+        "auto", "mixed precision. `auto`: bf16 autocast on GPUs (fp16 with gradient scaling where bf16 is "
+        "missing), float32 on CPUs. `bf16` on a CPU with AMX (Sapphire Rapids and later) is about 1.6× faster "
+        "for d_model 256 models but slower for tiny ones, so it is opt-in there ([benchmarks](benchmarks.md)); "
+        "`fp16` on a CPU logs a warning and trains in float32; `fp32` turns mixed precision off")
+    seed: int = option(1, "seeds torch, Python's `random` and the data order")
+    init_from: Optional[str] = option(None, "checkpoint whose parameters initialise the model: every parameter "
+                                      "with the same name is copied (a shape mismatch is an error naming it), "
+                                      "the others start fresh. Its vocabularies must equal the run folder's "
+                                      "(copy its vocabulary and subword files into `log.dir`)")
+    init_lr_scale: float = option(0.2, "learning-rate scale of the parameters copied by `init_from` (the new "
+                                  "ones train at the full rate; G-Transformer fine-tuning: 1e-4 vs 5e-4)")
+    resume: bool = option(True, "continue from `<log.dir>/checkpoints/last.pt` when it exists (see "
+                          "[getting_started.md](getting_started.md#resume)); a `last.pt` without training state "
+                          "(`best.pt`, an averaged checkpoint) is refused: use `init_from`")
+    resume_data: Literal["exact", "next_epoch"] = option(
+        "exact", "a resume after the training data, `batch_tokens`, `seed` or the number of processes changed: "
+        "`exact` refuses it (the checkpoint's data position would index another batch order); `next_epoch` "
+        "accepts it and continues with the new batch order from the start of the next epoch")
+    device: str = option("auto", "`auto`, `cpu`, `cuda` or `cuda:N`; `auto` and `cuda` put process *i* of a node "
+                         "on `cuda:i`")
+    threads: int = option(0, "CPU threads per process (at least 0); 0 = automatic: `OMP_NUM_THREADS` when set "
+                          "and training runs in one process, else cores / processes on this node; no effect on "
+                          "GPUs", minimum=0)
+
+    def validate(self, path: str, root: "Config") -> None:
+        """Early stopping on BLEU needs the BLEU that only valid_bleu computes."""
+        if self.early_stopping_metric == "bleu" and not self.valid_bleu:
+            raise ConfigError(f"{path}.early_stopping_metric: bleu needs {path}.valid_bleu: true")
 
 
 @dataclass
 class TranslateConfig:
-    beam: int = 5
-    n_best: int = 1
-    length_penalty: float = 1.0    # GNMT alpha; 0 = none
-    max_len_ratio: float = 1.5     # output length cap = ratio * source length + max_len_add
-    max_len_add: int = 10
-    max_length: int = 250          # absolute output cap per sentence (subword tokens), whatever the ratio
-    # longer source lines are split at a word boundary into pieces of at most this many subword
-    # tokens, translated separately and joined with a space (bounds the quadratic cost of a line)
-    max_input_tokens: int = 200
-    # context unit (HM-GDC): sentences per translation window; 0 = data.max_sentences, or windows
-    # packed to data.max_tokens when that is 0 too (never a whole long document at once)
-    window_sentences: int = 0
-    batch_tokens: int = 4096       # padded source tokens per translation batch
-    batch_sentences: int = 0       # cap on batch rows: sentences (document unit: instances); 0 = no cap
-    buffer_sentences: int = 2000   # sentences read ahead (sorted by length within the buffer)
-    # weights and activations while translating; bfloat16 is several times faster on CPUs with
-    # AMX/AVX512-BF16 and on GPUs, at a small cost in exactness (scores stay float32)
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    beam: int = option(5, "beam size (1 = greedy); flag `-beam`", minimum=1)
+    n_best: int = option(1, "hypotheses per output line, tab-separated, for every model (see "
+                         "[getting_started.md](getting_started.md#translation)); at most `beam`; flag `-n_best`",
+                         minimum=1)
+    length_penalty: float = option(1.0, "GNMT α: scores are divided by `((5 + length) / 6)^α`, length counting "
+                                   "`<eos>`; 0 = none, at least 0; flag `-length_penalty`", minimum=0)
+    length_penalty_type: Literal["gnmt", "avg", "none"] = option(
+        "gnmt", "what a finished hypothesis' log-probability is divided by: `gnmt` = `((5 + length) / 6)^α` with "
+        "α = `length_penalty`, `avg` = its length (OpenNMT-py's `avg`: mean log-probability per token; ignores "
+        "`length_penalty`), `none` = 1; flag `-length_penalty_type`")
+    max_len_ratio: float = option(1.5, "output length cap = ratio × source length (in tokens, markup included) + "
+                                  "`max_len_add`; flag `-max_len_ratio`")
+    max_len_add: int = option(10, "constant part of the cap (at least 0)", minimum=0)
+    max_length: int = option(250, "absolute output cap per sentence in subword tokens, whatever the ratio "
+                             "(OpenNMT-py caps at 250, CTranslate2 at 256); at least 1; flag `-max_length`",
+                             minimum=1)
+    max_input_tokens: int = option(200, "a source line longer than this many subwords is split at a word "
+                                   "boundary (the last one in the second half of each piece, else at the limit) "
+                                   "into pieces translated on their own and joined with a space; the final line "
+                                   "counts them. Bounds the quadratic cost of one line; at least 1; `-score` does "
+                                   "not split; flag `-max_input_tokens`", minimum=1)
+    window_sentences: int = option(0, "`context` unit (HM-GDC): sentences per translation window; 0 = "
+                                   "`data.max_sentences`, or, when that is 0 too, windows packed to "
+                                   "`data.max_tokens` tokens, so a long document is never one window (time per "
+                                   "sentence stays flat); flag `-window_sentences`", minimum=0)
+    batch_tokens: int = option(4096, "padded source tokens per translation batch; flag `-batch_tokens`",
+                               minimum=1)
+    batch_sentences: int = option(0, "cap on batch rows: sentences (for the `document` unit: document "
+                                  "instances); 0 = no cap, at least 0; flag `-batch_size`", minimum=0)
+    buffer_sentences: int = option(2000, "read whole documents until at least this many sentences are buffered, "
+                                   "then translate them in length-sorted batches", minimum=1)
+    dtype: Literal["float32", "bfloat16", "float16"] = option(
+        "float32", "compute type of the weights while translating (`onmt_doc_translate -dtype`); bfloat16 is much "
+        "faster on GPUs and on CPUs with AMX, at a small cost in exactness; beam scores stay float32")
+
+    def validate(self, path: str, root: "Config") -> None:
+        """The n best hypotheses come from the beam, so there are at most beam of them."""
+        if self.n_best > self.beam:
+            raise ConfigError(f"{path}.n_best ({self.n_best}) cannot exceed {path}.beam ({self.beam})")
 
 
 @dataclass
 class LogConfig:
-    dir: str = "runs/default"
-    tensorboard: bool = True
-    every: int = 50
+    dir: str = option("runs/default", "the run folder: config, vocabularies, cache, checkpoints, TensorBoard (see "
+                      "[getting_started.md](getting_started.md#the-run-folder)); one training at a time holds its "
+                      "`.lock` ([one training per run folder](getting_started.md#one-training-per-run-folder))")
+    tensorboard: bool = option(True, "write TensorBoard scalars to `<dir>/tensorboard`")
+    every: int = option(50, "progress line and `train/*` scalars every this many steps", minimum=1)
 
 
 @dataclass
 class Config:
-    data: DataConfig = field(default_factory=DataConfig)
-    vocab: VocabConfig = field(default_factory=VocabConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    loss: list[LossConfig] = part("loss", None)
-    optim: OptimConfig = part("optimizer", "adam")
-    train: TrainConfig = field(default_factory=TrainConfig)
-    translate: TranslateConfig = field(default_factory=TranslateConfig)
-    log: LogConfig = field(default_factory=LogConfig)
+    data: DataConfig = option(help="files and how they become instances", factory=DataConfig)
+    vocab: VocabConfig = option(help="subword model and vocabularies", factory=VocabConfig)
+    model: ModelConfig = option(help="the network: width, embeddings, encoder and decoder", factory=ModelConfig)
+    loss: list[LossConfig] = part("loss", None, "the losses, summed with their weights (empty: one "
+                                  "`label_smoothed_ce`)")
+    optim: OptimConfig = part("optimizer", "adam", "the optimizer and its learning-rate schedule")
+    train: TrainConfig = option(help="the training loop", factory=TrainConfig)
+    translate: TranslateConfig = option(help="beam search and translation batching", factory=TranslateConfig)
+    log: LogConfig = option(help="the run folder and progress logging", factory=LogConfig)
 
     def __post_init__(self) -> None:
         if not self.loss:
             self.loss = [default_part("loss", "label_smoothed_ce")]
+
+    def validate(self, path: str, root: "Config") -> None:
+        """Checks across sections; run before any subword learning, so a mistake costs nothing."""
+        if self.model.share_embeddings and not self.vocab.shared:
+            raise ConfigError("model.share_embeddings: true needs one shared vocabulary "
+                              "(vocab.shared: true), or set model.share_embeddings: false")
 
 
 # ----------------------------------------------------------------------------- loading
@@ -356,51 +481,31 @@ def _default_at(raw: dict, parts: list[str], source: str) -> Any:
     return copy.deepcopy(node) if isinstance(node, (dict, list)) else {}
 
 
-# keys whose value must be at least this (a zero would divide by zero or silently do nothing)
-_MINIMUM = {"data.max_tokens": 1, "data.max_sentences": 0, "vocab.size": 1, "model.d_model": 1, "train.batch_tokens": 1,
-            "train.accum": 1, "train.max_steps": 0, "train.valid_every": 1, "train.save_every": 1,
-            "train.keep_last": 1, "train.threads": 0, "train.valid_beam": 1, "translate.beam": 1, "translate.n_best": 1,
-            "translate.batch_tokens": 1, "translate.buffer_sentences": 1, "translate.batch_sentences": 0,
-            "translate.length_penalty": 0, "translate.max_len_add": 0, "translate.max_length": 1,
-            "translate.max_input_tokens": 1, "translate.window_sentences": 0, "log.every": 1}
-
-
-def _check_values(cfg: "Config", source: str) -> None:
-    for key, minimum in _MINIMUM.items():
-        section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name)
-        if value < minimum:
-            raise ConfigError(f"{source}: {key}: must be at least {minimum}, got {value}")
-    if cfg.translate.n_best > cfg.translate.beam:
-        raise ConfigError(f"{source}: translate.n_best ({cfg.translate.n_best}) cannot exceed translate.beam "
-                          f"({cfg.translate.beam})")
-    if cfg.train.early_stopping_metric == "bleu" and not cfg.train.valid_bleu:
-        raise ConfigError(f"{source}: train.early_stopping_metric: bleu needs train.valid_bleu: true")
-    if cfg.model.share_embeddings and not cfg.vocab.shared:   # checked before any subword learning
-        raise ConfigError(f"{source}: model.share_embeddings: true needs one shared vocabulary "
-                          f"(vocab.shared: true), or set model.share_embeddings: false")
-    if not 0.0 <= cfg.model.word_dropout < 1.0:
-        raise ConfigError(f"{source}: model.word_dropout: must be in [0, 1), got {cfg.model.word_dropout}")
-    for which in ("encoder", "decoder"):
-        part_cfg = getattr(cfg.model, which)
-        heads = getattr(part_cfg, "heads", None)
-        if heads and cfg.model.d_model % heads:
-            raise ConfigError(f"{source}: model.{which}.heads: model.d_model ({cfg.model.d_model}) is not "
-                              f"divisible by {heads} heads")
-        for key in ("global_layers", "global_cross_layers"):   # top layers of a stack (G-Transformer)
-            value = getattr(part_cfg, key, None)
-            if value is not None and not 0 <= value <= part_cfg.layers:
-                raise ConfigError(f"{source}: model.{which}.{key}: must be between 0 and "
-                                  f"model.{which}.layers ({part_cfg.layers}), got {value}")
-        if getattr(part_cfg, "share_attention", False) and part_cfg.doc_layers > part_cfg.layers:
-            raise ConfigError(f"{source}: model.{which}.doc_layers ({part_cfg.doc_layers}): with share_attention "
-                              f"each document layer reuses a sentence layer's self-attention, so at most "
-                              f"model.{which}.layers ({part_cfg.layers}); or set share_attention: false")
+def _validate(node: Any, path: str, root: Config) -> None:
+    """Check every field's ``minimum``, then the sections and parts inside, then the node's own
+    ``validate`` (so a section's cross-checks see children that are already valid)."""
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        minimum = f.metadata.get("minimum")
+        if minimum is not None and value is not None and value < minimum:
+            raise ConfigError(f"{_join(path, f.name)}: must be at least {minimum}, got {value}")
+        if dataclasses.is_dataclass(value):
+            _validate(value, _join(path, f.name), root)
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if dataclasses.is_dataclass(item):
+                    _validate(item, _join(_join(path, f.name), i), root)
+    check = getattr(node, "validate", None)
+    if check is not None:
+        check(path, root)
 
 
 def config_from_dict(raw: dict, source: str = "config") -> Config:
     cfg = _Loader(source).dataclass(Config, raw, "")
-    _check_values(cfg, source)
+    try:
+        _validate(cfg, "", cfg)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
     return cfg
 
 

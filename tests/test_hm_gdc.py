@@ -16,7 +16,7 @@ from onmt_doc.models.model import full_log_probs
 from onmt_doc.modules.attention import MultiHeadAttention, attention_probs
 from onmt_doc.modules.document_packing import attend_documents, document_memory, plan_packing
 from onmt_doc.train.trainer import train
-from onmt_doc.translate.beam_search import BeamSearch
+from onmt_doc.translate.search import BeamSearch
 from onmt_doc.translate.translator import Translator
 
 from conftest import init_from_run, make_trainer, tiny_config

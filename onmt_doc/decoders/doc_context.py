@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Literal, Optional
 
 import torch
 
+from onmt_doc.config import option
 from onmt_doc.data.batching import Batch
 from onmt_doc.decoders import REGISTRY
 from onmt_doc.decoders.base import LengthLimit
@@ -31,10 +32,11 @@ from onmt_doc.parts import PartContext
 
 @dataclass
 class DocContextDecoderConfig(TransformerDecoderConfig):
-    # eqs. 8-9: what the DocEnc-Decoder attention reads. document = C = [h^ctx_1; ...; h^ctx_N],
-    # the words of every sentence of the document (eq. 8); own_sentence = h^ctx_i, the words of
-    # the sentence being translated (its document state arrives through its own slot H^S_i)
-    context: Literal["document", "own_sentence"] = "document"
+    heads: int = option(8, "attention heads (self, cross and document); must divide `model.d_model`")
+    context: Literal["document", "own_sentence"] = option(
+        "document", "what the DocEnc–Decoder attention reads (eqs. 8–9): `document` = C, the words (with context) "
+        "of every sentence of the document; `own_sentence` = only the sentence's own words h^ctx_i (useful with "
+        "the encoder's `word_context: false`)")
 
 
 DocumentContext = tuple[DocumentMemory, torch.Tensor]   # (a layer's keys/values of C, row -> document)

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from onmt_doc.config import Config, check_top_layers, option
 from onmt_doc.data.batching import Batch, group_tags
 from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, MASK_ID, PAD_ID, SOS_ID, SPECIALS, UNK_ID
 from onmt_doc.decoders import REGISTRY
@@ -39,15 +40,25 @@ _NOT_WORDS = [PAD_ID, SOS_ID, BOS_ID, EOS_ID, MASK_ID]
 
 @dataclass
 class GTransformerDecoderConfig(TransformerDecoderConfig):
-    group_attention: bool = True   # false: the document-Transformer baseline (every layer global)
-    group_self_attention: bool = True    # false: self-attention global on every layer (no target
-                                         # language locality, table 5); group_attention: false sets it too
-    group_cross_attention: bool = True   # false: cross-attention global on every layer (no
-                                         # translation locality, table 5); group_attention: false sets it too
-    global_layers: int = 2         # top layers with combined self-attention
-    global_cross_layers: int = 2   # top layers with combined cross-attention
-    top_attention: Literal["combined", "global"] = "combined"   # the top layers: group + global
-                                   # gate-summed (sec. 4.2), or global alone (table 6)
+    group_attention: bool = option(True, "`false` = the document-Transformer baseline (all layers global); the "
+                                   "same as `group_self_attention: false` with `group_cross_attention: false`")
+    group_self_attention: bool = option(True, "`false` = self-attention over the whole target prefix on every "
+                                        "layer, no self gates (target language locality off, table 5); "
+                                        "cross-attention keeps its own switch")
+    group_cross_attention: bool = option(True, "`false` = cross-attention over the whole source instance on every "
+                                         "layer, no cross gates (translation locality off, table 5); "
+                                         "self-attention keeps its own switch")
+    global_layers: int = option(2, "top layers with combined self-attention; between 0 and `layers`")
+    global_cross_layers: int = option(2, "top layers with combined cross-attention; between 0 and `layers`")
+    top_attention: Literal["combined", "global"] = option(
+        "combined", "what those top layers use: group + global gate-summed (eq. 10), or global attention alone "
+        "(table 6, \"only global attention\")")
+
+    def validate(self, path: str, root: Config) -> None:
+        """The combined-attention layers are the top of the stack, so at most ``layers`` of them."""
+        super().validate(path, root)
+        check_top_layers(self, "global_layers", path)
+        check_top_layers(self, "global_cross_layers", path)
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from onmt_doc.config import PartConfig
+from onmt_doc.config import Config, PartConfig, check_heads, option
 from onmt_doc.data.batching import Batch
 from onmt_doc.data.vocab import PAD_ID
 from onmt_doc.decoders import REGISTRY
@@ -28,14 +28,22 @@ from onmt_doc.parts import PartContext
 
 @dataclass
 class GatedTransformerDecoderConfig(PartConfig):
-    layers: int = 6
-    heads: int = 8
-    ff: int = 2048
-    # layer norm placement: paper = x + LN(f(x)) in every block (eqs. 2-3); pre / post = the
-    # Transformer's pre-norm / post-norm blocks with the same gate
-    norm: Placement = "paper"
-    # vector = eq. 4's gate; sum = the Remark's t + s (no gate: the Transformer with these blocks)
-    gate: GateType = "vector"
+    layers: int = option(6, "number of layers")
+    heads: int = option(8, "attention heads (self and cross); must divide `model.d_model`")
+    ff: int = option(2048, "inner size of the feed-forward network")
+    norm: Placement = option("post", "layer norm placement: `post` = the Transformer's post-norm blocks with the "
+                             "gate (the default: it trained best on Multi30k at the benchmark budget, and the "
+                             "authors' THUMT Transformer is post-norm); `pre` = pre-norm blocks with a final layer "
+                             "norm; `paper` = every block is `x + dropout(LN(f(x)))` with "
+                             "`s = dropout(LN(cross-attention(t)))` (eqs. 2–3, read literally) and a final layer "
+                             "norm. See docs/models/context_gates.md")
+    gate: GateType = option("vector", "`vector` = the context gate of eq. 4; `sum` = the paper's Remark, `t + s` "
+                            "with no gate: the Transformer decoder with the blocks of `norm` (no `gates` for "
+                            "`pmi_gate_hinge`)")
+
+    def validate(self, path: str, root: Config) -> None:
+        """Self- and cross-attention split model.d_model into ``heads`` slices."""
+        check_heads(self.heads, path, root)
 
 
 class GatedDecoderLayer(TransformerDecoderLayer):

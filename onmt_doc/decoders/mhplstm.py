@@ -14,7 +14,7 @@ from typing import ClassVar, Literal, Optional
 import torch
 from torch import nn
 
-from onmt_doc.config import PartConfig
+from onmt_doc.config import Config, PartConfig, check_heads, option
 from onmt_doc.data.batching import Batch
 from onmt_doc.decoders import REGISTRY
 from onmt_doc.decoders.base import Decoder, DecoderOut, LengthLimit
@@ -30,16 +30,30 @@ from onmt_doc.parts import PartContext
 
 @dataclass
 class MHPLSTMDecoderConfig(PartConfig):
-    layers: int = 6
-    heads: int = 8               # MHPLSTM heads and cross-attention heads
-    ff: int = 2048               # feed-forward sublayer's inner size
-    ffn: bool = True             # false: no feed-forward sublayer (table 3, "- FFN")
-    hidden_layers: int = 2       # hidden state: 2-layer network (eq. 14) or 1 layer (eq. 13)
-    hidden_ratio: int = 4        # eq. 14 inner width in multiples of the head size
-    positions: bool = True       # add sinusoidal positions to the target embeddings
-    norm_group: Literal["per_head", "all_heads"] = "per_head"   # layer-norm statistics per head (the
-                                 # paper's independent HPLSTMs) or over all heads (the released code)
-    pre_norm: bool = True
+    layers: int = option(6, "number of layers")
+    heads: int = option(8, "MHPLSTM heads (eqs. 19–21) and cross-attention heads; must divide `model.d_model`")
+    ff: int = option(2048, "inner size of the feed-forward sublayer")
+    ffn: bool = option(True, "`false` drops the feed-forward sublayer (the paper's table 3, \"− FFN\")")
+    hidden_layers: int = option(2, "hidden state from a 2-layer network (eq. 14, the paper's choice) or 1 layer "
+                                "(eq. 13); must be 1 or 2")
+    hidden_ratio: int = option(4, "inner width of eq. 14's network in multiples of the head size (`d_model / "
+                               "heads`); at least 1", minimum=1)
+    positions: bool = option(True, "add sinusoidal positions to the target embeddings; `false` leaves word order "
+                             "to the recurrence")
+    norm_group: Literal["per_head", "all_heads"] = option(
+        "per_head", "which features share a layer norm's mean and deviation: each head's own (the paper's "
+        "independent per-head HPLSTMs, eq. 20), or all heads of a position together, as the authors' released code "
+        "does (LN(s), output gate and eq. 14's inner layer over d_model; both gates together; with "
+        "`hidden_layers: 1` both gates and h together). Same parameter count either way (with `hidden_layers: 2` "
+        "also the same names and shapes). See "
+        "[models/mhplstm.md](models/mhplstm.md#layer-normalisation-per-head-or-over-all-heads)")
+    pre_norm: bool = option(True, "pre-norm with final layer norm, or post-norm, as for `transformer`")
+
+    def validate(self, path: str, root: Config) -> None:
+        """Eq. 13 and eq. 14 are the only hidden-state networks; heads split model.d_model."""
+        check_heads(self.heads, path, root)
+        if self.hidden_layers not in (1, 2):
+            raise ConfigError(f"{path}.hidden_layers: must be 1 or 2, got {self.hidden_layers}")
 
 
 @dataclass
@@ -83,10 +97,6 @@ class MHPLSTMDecoderLayer(nn.Module):
 class MHPLSTMDecoder(Decoder):
     def __init__(self, cfg: MHPLSTMDecoderConfig, ctx: PartContext):
         super().__init__()
-        if cfg.hidden_layers not in (1, 2):
-            raise ConfigError(f"model.decoder.hidden_layers: must be 1 or 2, got {cfg.hidden_layers}")
-        if cfg.hidden_ratio < 1:
-            raise ConfigError(f"model.decoder.hidden_ratio: must be at least 1, got {cfg.hidden_ratio}")
         self.embeddings = ctx.tgt_embeddings
         self.positions = cfg.positions
         self.layers = nn.ModuleList(MHPLSTMDecoderLayer(cfg, ctx.d_model, ctx.dropout, ctx.attention_dropout)

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from onmt_doc.config import PartConfig
+from onmt_doc.config import Config, PartConfig, check_heads, option
 from onmt_doc.data.batching import Batch
 from onmt_doc.decoders import REGISTRY
 from onmt_doc.decoders.base import Decoder, DecoderOut, LengthLimit
@@ -30,13 +30,20 @@ from onmt_doc.parts import PartContext
 
 @dataclass
 class ReformerDecoderConfig(PartConfig):
-    layers: int = 6
-    heads: int = 8
-    ff: int = 2048
-    # Dropout1d on attention outputs, Dropout2d on FFN outputs (the paper); false = elementwise
-    shared_dropout: bool = True
-    # recompute each layer in the backward pass: activations of one layer instead of all of them
-    checkpoint_layers: bool = False
+    layers: int = option(6, "number of Reformer layers (4 sublayers each)")
+    heads: int = option(8, "attention heads of both separable attentions; must divide `model.d_model`")
+    ff: int = option(2048, "inner size of the two feed-forward networks of a layer")
+    shared_dropout: bool = option(True, "`model.dropout` as the paper's Dropout1d on attention outputs (noise "
+                                  "shared along S after target attention, along T after source attention) and "
+                                  "Dropout2d on FFN outputs (shared along S and T); `false` = elementwise dropout "
+                                  "(the ablation). The FFNs have no inner dropout")
+    checkpoint_layers: bool = option(False, "gradient checkpointing per layer: keep only each layer's input for the "
+                                     "backward pass and recompute the rest; activation memory of one layer instead "
+                                     "of `layers`, at about one more forward pass")
+
+    def validate(self, path: str, root: Config) -> None:
+        """Both separable attentions split model.d_model into ``heads`` slices."""
+        check_heads(self.heads, path, root)
 
 
 @dataclass

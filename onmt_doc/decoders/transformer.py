@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Optional
 import torch
 from torch import nn
 
-from onmt_doc.config import PartConfig
+from onmt_doc.config import Config, PartConfig, check_heads, option
 from onmt_doc.data.batching import Batch
 from onmt_doc.decoders import REGISTRY
 from onmt_doc.decoders.base import Decoder, DecoderOut, LengthLimit
@@ -21,10 +21,14 @@ from onmt_doc.parts import PartContext
 
 @dataclass
 class TransformerDecoderConfig(PartConfig):
-    layers: int = 6
-    heads: int = 8
-    ff: int = 2048
-    pre_norm: bool = True
+    layers: int = option(6, "number of layers")
+    heads: int = option(8, "attention heads (self and cross); must divide `model.d_model`")
+    ff: int = option(2048, "inner size of the feed-forward network")
+    pre_norm: bool = option(True, "pre-norm with final layer norm, or post-norm")
+
+    def validate(self, path: str, root: Config) -> None:
+        """Self- and cross-attention split model.d_model into ``heads`` slices."""
+        check_heads(self.heads, path, root)
 
 
 @dataclass

@@ -14,6 +14,7 @@ from typing import Literal, Optional
 import torch
 from torch import nn
 
+from onmt_doc.config import Config, check_top_layers, option
 from onmt_doc.data.batching import Batch
 from onmt_doc.data.vocab import PAD_ID
 from onmt_doc.encoders import REGISTRY
@@ -28,11 +29,21 @@ from onmt_doc.parts import PartContext
 
 @dataclass
 class GTransformerEncoderConfig(TransformerEncoderConfig):
-    group_attention: bool = True   # false: the document-Transformer baseline (every layer global)
-    global_layers: int = 2         # top layers with combined attention (group + global, gate-summed),
-                                   # or global alone (top_attention); checked in config._check_values
-    top_attention: Literal["combined", "global"] = "combined"   # the top global_layers layers: group +
-                                   # global gate-summed (sec. 4.2), or global alone (table 6)
+    heads: int = option(8, "attention heads (group and global); must divide `model.d_model`")
+    group_attention: bool = option(True, "`false` = the document-Transformer baseline: every layer attends over "
+                                   "the whole instance, no gates (`global_layers` then has no effect); with the "
+                                   "decoder's `group_self_attention: false` it removes the paper's language "
+                                   "locality (table 5)")
+    global_layers: int = option(2, "top layers with combined (group + global) attention; between 0 and "
+                                "`layers`; `0` = the paper's \"only group attention\" (table 6)")
+    top_attention: Literal["combined", "global"] = option(
+        "combined", "what the top `global_layers` layers use: group + global attention gate-summed (eq. 10), or "
+        "global attention alone, no group attention and no gate (table 6, \"only global attention\")")
+
+    def validate(self, path: str, root: Config) -> None:
+        """The combined-attention layers are the top of the stack, so at most ``layers`` of them."""
+        super().validate(path, root)
+        check_top_layers(self, "global_layers", path)
 
 
 class GTransformerEncoderLayer(TransformerEncoderLayer):

@@ -27,35 +27,60 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from onmt_doc.config import Config, option
 from onmt_doc.data.batching import Batch
 from onmt_doc.data.vocab import PAD_ID
 from onmt_doc.encoders import REGISTRY
 from onmt_doc.encoders.base import EncoderOut
 from onmt_doc.encoders.transformer import TransformerEncoder, TransformerEncoderConfig, TransformerEncoderLayer
+from onmt_doc.errors import ConfigError
 from onmt_doc.modules import analysis
 from onmt_doc.modules.attention import MultiHeadAttention
 from onmt_doc.modules.document_packing import attend_documents, document_memory, plan_packing
 from onmt_doc.modules.dropout import Dropout
 from onmt_doc.modules.embeddings import SinusoidalPositions
 from onmt_doc.parts import PartContext
+from onmt_doc.registry import registry_for
 
 
 @dataclass
 class HierarchicalEncoderConfig(TransformerEncoderConfig):
-    doc_layers: int = 2            # Transformer layers over the sentence vectors (eq. 4)
-    # the document encoder reuses the sentence encoder's self-attention parameters (paper, sec. 2.3):
-    # eq. 2 the top sentence layer's, document layer k sentence layer k's
-    share_attention: bool = True
-    pooling: Literal["mean", "max"] = "mean"   # eq. 3: one vector per sentence
-    doc_positions: bool = True     # sinusoidal position of each sentence in its document window
-    # eq. 7: the decoder's cross-attention reads the words with document context; false = the
-    # words alone (with the doc_context decoder: the paper's "decoder only" integration)
-    word_context: bool = True
-    context_dropout: float = 0.1   # P of ResidualDrop (eq. 7)
-    # eqs. 5-6: what a word's context attention reads. own_sentence = H^S_i, the document
-    # encoder's output at the word's own sentence slot, weighted per head by sigmoid(q·k/sqrt(d))
-    # with q and k from the word; document = attention over all H^S_k of the document
-    context: Literal["own_sentence", "document"] = "own_sentence"
+    layers: int = option(6, "sentence encoder layers")
+    heads: int = option(8, "attention heads (every attention of the encoder); must divide `model.d_model`")
+    ff: int = option(2048, "inner size of the feed-forward networks (sentence and document layers)")
+    pre_norm: bool = option(True, "as for `transformer`; also for the document layers")
+    doc_layers: int = option(2, "document encoder layers over the sentence vectors (eq. 4); with "
+                             "`share_attention` at most `layers`")
+    share_attention: bool = option(True, "the document encoder reuses the sentence encoder's self-attention "
+                                   "parameters (paper, sec. 2.3): the pooling attention (eq. 2) is the top "
+                                   "sentence layer's, document layer k's is sentence layer k's; `false` = their own")
+    pooling: Literal["mean", "max"] = option("mean", "how eq. 3 turns a sentence's self-attention outputs into one "
+                                             "vector")
+    doc_positions: bool = option(True, "add a sinusoidal encoding of each sentence's position in its document "
+                                 "(window) to the sentence vectors before the document layers")
+    word_context: bool = option(True, "the decoder's cross-attention reads the words with document context "
+                                "(eq. 7); `false` = the words alone, which with the `doc_context` decoder is the "
+                                "paper's \"decoder only\" integration (with another decoder the context would be "
+                                "unused: a config error)")
+    context_dropout: float = option(0.1, "P of the residual dropout that adds the context to each word (eq. 7)")
+    context: Literal["own_sentence", "document"] = option(
+        "own_sentence", "what a word's context attention reads (eqs. 5–6): `own_sentence` = H^S_i, the document "
+        "encoder's output at the word's own sentence slot, weighted per head by σ(q·k/√d_head) with query and key "
+        "from the word (the other sentences reach it through eq. 4); `document` = attention over every H^S_k of "
+        "its document. See [models/hm_gdc.md](models/hm_gdc.md#eqs-56-what-a-word-reads-encodercontext)")
+
+    def validate(self, path: str, root: Config) -> None:
+        """Shared document layers borrow sentence layers' attention; without word context the
+        document context reaches the output only through a decoder that reads ``doc_memory``."""
+        super().validate(path, root)
+        if self.share_attention and self.doc_layers > self.layers:
+            raise ConfigError(f"{path}.doc_layers: with share_attention each document layer reuses a sentence "
+                              f"layer's self-attention, so at most {path}.layers ({self.layers}), got "
+                              f"{self.doc_layers}; or set share_attention: false")
+        decoder = root.model.decoder.type
+        if not self.word_context and "doc_memory" not in registry_for("decoder").get(decoder).cls.needs:
+            raise ConfigError(f"{path}.word_context: false leaves the document context unused with decoder "
+                              f"{decoder}; use decoder doc_context (decoder-only integration) or set it true")
 
 
 @REGISTRY.register("hierarchical", HierarchicalEncoderConfig)

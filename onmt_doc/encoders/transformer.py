@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from onmt_doc.config import PartConfig
+from onmt_doc.config import Config, PartConfig, check_heads, option
 from onmt_doc.data.batching import Batch
 from onmt_doc.data.vocab import PAD_ID
 from onmt_doc.encoders import REGISTRY
@@ -19,10 +19,15 @@ from onmt_doc.parts import PartContext
 
 @dataclass
 class TransformerEncoderConfig(PartConfig):
-    layers: int = 6
-    heads: int = 8
-    ff: int = 2048
-    pre_norm: bool = True
+    layers: int = option(6, "number of layers")
+    heads: int = option(8, "attention heads; must divide `model.d_model`")
+    ff: int = option(2048, "inner size of the feed-forward network")
+    pre_norm: bool = option(True, "layer norm before each sublayer plus a final layer norm (`true`), or after "
+                            "each residual sum (`false`, the original post-norm)")
+
+    def validate(self, path: str, root: Config) -> None:
+        """Every attention of the stack splits model.d_model into ``heads`` slices."""
+        check_heads(self.heads, path, root)
 
 
 class TransformerEncoderLayer(nn.Module):

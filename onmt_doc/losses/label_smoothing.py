@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from onmt_doc.config import LossConfig
+from onmt_doc.config import LossConfig, option
 from onmt_doc.data.batching import Batch
 from onmt_doc.data.vocab import PAD_ID
 from onmt_doc.losses import REGISTRY
@@ -21,7 +21,7 @@ from onmt_doc.losses.base import Loss
 
 @dataclass
 class LabelSmoothedCEConfig(LossConfig):
-    smoothing: float = 0.1
+    smoothing: float = option(0.1, "ε; 0 = plain cross entropy")
 
 
 class _SmoothedNLL(torch.autograd.Function):

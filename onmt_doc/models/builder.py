@@ -16,14 +16,12 @@ from onmt_doc.registry import registry_for
 
 
 def check_parts_fit(cfg: ModelConfig, encoder: Encoder, decoder: Decoder) -> None:
-    """The decoder gets what it reads from the encoder, and nothing the encoder computes is lost."""
+    """The decoder gets what it reads from the encoder (part-specific rules live in each part
+    config's ``validate``, checked when the config is read)."""
     missing = [k for k in decoder.needs if k not in encoder.provides]
     if missing:
         raise ConfigError(f"model.decoder.type: {cfg.decoder.type} reads {', '.join(missing)} from the encoder, "
                           f"which encoder {cfg.encoder.type} does not provide")
-    if getattr(cfg.encoder, "word_context", True) is False and "doc_memory" not in decoder.needs:
-        raise ConfigError(f"model.encoder.word_context: false leaves the document context unused with decoder "
-                          f"{cfg.decoder.type}; use decoder doc_context (decoder-only integration) or set it true")
 
 
 def build_model(cfg: ModelConfig, codec: Codec) -> EncoderDecoder:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from onmt_doc.config import PartConfig
+from onmt_doc.config import PartConfig, option
 from onmt_doc.registry import Registry
 
 REGISTRY = Registry("schedule")
@@ -15,13 +15,12 @@ REGISTRY = Registry("schedule")
 
 @dataclass
 class WarmupConfig(PartConfig):
-    warmup: int = 4000
+    warmup: int = option(4000, "warmup steps; the schedule peaks at this step")
 
 
 @dataclass
-class LinearDecayConfig(PartConfig):
-    warmup: int = 4000
-    min_factor: float = 0.0     # factor reached at train.max_steps
+class LinearDecayConfig(WarmupConfig):
+    min_factor: float = option(0.0, "factor reached at `train.max_steps`")
 
 
 class Schedule:
