@@ -8,11 +8,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, module_cmd, run_cli, tiny_config, write_config
-from onmt_doc.data.vocab import SPECIALS
 from test_training import small_corpus
 from test_unicode import SRC_MAP, TGT_MAP, write_variant
+
+from onmt_doc.data.vocab import SPECIALS
 
 BUILD_VOCAB = module_cmd("onmt_doc.bin.build_vocab")
 
@@ -96,8 +96,8 @@ def test_sentencepiece_with_separate_vocabularies_trains_and_translates(toy_dir,
     # every target line (non-ASCII ones included) survives encode -> decode, up to SentencePiece's
     # own NFKC normalisation (its default rule): decomposed marks come back composed ("bau\u0308m"
     # -> "baüm"); BPE keeps them as they are (test_unicode.py)
-    lines = [l for l in (data / "train.tgt").read_text(encoding="utf-8").split("\n") if l][:300]
-    assert sum(any(w in l for w in TGT_MAP.values()) for l in lines) > 50
+    lines = [line for line in (data / "train.tgt").read_text(encoding="utf-8").split("\n") if line][:300]
+    assert sum(any(w in line for w in TGT_MAP.values()) for line in lines) > 50
     for line, ids in zip(lines, codec.encode(lines, "tgt")):
         assert codec.decode(list(ids)) == unicodedata.normalize("NFKC", line)
     src_line = " ".join(["the", SRC_MAP["dog"], "sees", "a", SRC_MAP["bird"], "."])

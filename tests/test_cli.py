@@ -1,11 +1,9 @@
 """Commands as users run them: one-line errors for mistakes, line/document alignment kept."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import module_cmd, run_cli, tiny_config, write_config
 
 TRAIN = module_cmd("onmt_doc.bin.train")
@@ -16,7 +14,7 @@ def assert_one_line_error(proc, *needles: str) -> None:
     assert proc.returncode != 0
     err = proc.stderr.strip()
     assert "Traceback" not in err, err
-    errors = [l for l in err.splitlines() if "error:" in l]
+    errors = [line for line in err.splitlines() if "error:" in line]
     assert len(errors) == 1 and err.splitlines()[-1] == errors[0], err   # progress lines may precede it
     for needle in needles:
         assert needle in errors[0], err
@@ -83,8 +81,8 @@ def test_translator_keeps_lines_and_documents(trained_run, tmp_path):
     assert proc.returncode == 0, proc.stderr
     hyp = out.read_text(encoding="utf-8").split("\n")[:-1]
     assert len(hyp) == len(lines)
-    assert all(h == "" for h, l in zip(hyp, lines) if l == "")
-    assert all(h != "" for h, l in zip(hyp, lines) if l != "")   # a sentence never gives a blank line
+    assert all(h == "" for h, line in zip(hyp, lines) if line == "")
+    assert all(h != "" for h, line in zip(hyp, lines) if line != "")   # a sentence never gives a blank line
 
 
 def test_translate_from_stdin_and_score(trained_run, toy_dir, tmp_path):
@@ -139,11 +137,11 @@ def test_bfloat16_translation_keeps_alignment_and_agrees_with_float32(trained_ru
         scores[dtype] = [float(v) for v in proc.stdout.split("\n") if v]
     lines = src.read_text(encoding="utf-8").split("\n")
     assert len(outs["bfloat16"]) == len(lines)
-    assert all(o == "" for o, l in zip(outs["bfloat16"], lines) if l == "")   # document breaks kept
-    n = sum(1 for l in lines if l)
+    assert all(o == "" for o, line in zip(outs["bfloat16"], lines) if line == "")   # document breaks kept
+    n = sum(1 for line in lines if line)
     assert len(scores["float32"]) == len(scores["bfloat16"]) == n
     rel = [abs(a - b) / abs(a) for a, b in zip(scores["float32"], scores["bfloat16"])]
     assert max(rel) < 0.01, max(rel)
     assert max(rel) > 0.0            # the model really ran in bfloat16
-    same = sum(a == b for a, b, l in zip(outs["float32"], outs["bfloat16"], lines) if l)
+    same = sum(a == b for a, b, line in zip(outs["float32"], outs["bfloat16"], lines) if line)
     assert same >= 0.85 * n, (same, n)

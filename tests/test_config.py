@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from onmt_doc.config import (Config, LossConfig, apply_overrides, config_to_dict, load_config,
-                             save_config)
+from onmt_doc.config import Config, LossConfig, apply_overrides, config_to_dict, load_config, save_config
 from onmt_doc.errors import ConfigError
 from onmt_doc.registry import Registry
 
@@ -24,7 +23,7 @@ def test_defaults_match_design_keys():
     cfg = load_config(None)
     assert cfg.data.documents is True and cfg.data.max_tokens == 512
     assert cfg.model.encoder.type == "transformer" and cfg.model.decoder.type == "transformer"
-    assert [l.type for l in cfg.loss] == ["label_smoothed_ce"]
+    assert [line.type for line in cfg.loss] == ["label_smoothed_ce"]
     assert cfg.optim.schedule.type == "inverse_sqrt"
     assert cfg.translate.beam == 5 and cfg.train.keep_last == 5
 
@@ -192,8 +191,9 @@ def test_every_config_key_is_in_its_sections_table():
             check("loss", LossConfig, ("loss", None, None), {"type"})
             continue
         obj = getattr(cfg, section.name)
+        train_keys = field_names(type(obj.train)) if section.name == "data" else set()
         check(section.name, type(obj), (section.name, None, None),
-              {"encoder", "decoder", "schedule", "type"} | (field_names(type(obj.train)) if section.name == "data" else set()))
+              {"encoder", "decoder", "schedule", "type"} | train_keys)
     for (section, heading), kind in PART_KINDS.items():
         registered = registry_for(kind).names()
         documented = {name for (s, k, name) in tables if s == section and k == kind}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from model_helpers import toy_codec
 
 from onmt_doc.data.batching import BatchSampler, collate, group_tags
 from onmt_doc.data.cache import load_tokenized
@@ -11,11 +12,9 @@ from onmt_doc.data.instances import Example, document_instances, mark_sentence, 
 from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, PAD_ID, SOS_ID
 from onmt_doc.errors import DataError
 
-from model_helpers import toy_codec
-
 
 def write(path, lines):
-    path.write_text("".join(l + "\n" for l in lines), encoding="utf-8")
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return str(path)
 
 
@@ -144,7 +143,8 @@ def test_binarized_cache_is_reused_and_invalidated(tmp_path):
     docs1, cached1 = load_tokenized(src, tgt, codec, True, 0, cache)
     docs2, cached2 = load_tokenized(src, tgt, codec, True, 0, cache)
     assert not cached1 and cached2
-    flat = lambda docs: [[(s.tolist(), t.tolist()) for s, t in d] for d in docs]
+    def flat(docs):
+        return [[(s.tolist(), t.tolist()) for s, t in d] for d in docs]
     assert flat(docs1) == flat(docs2)
     assert [len(d) for d in docs1] == [2, 1]
     write(tmp_path / "c.de", ["w2", "w3 w3", "", "w5"])       # changed file: new key, new ids

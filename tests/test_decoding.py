@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from model_helpers import random_batch, random_model
 
 from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, MASK_ID, PAD_ID, SOS_ID
 from onmt_doc.decoders.base import LengthLimit
 from onmt_doc.models.model import full_log_probs
 from onmt_doc.translate.length_penalty import GNMTPenalty
 from onmt_doc.translate.search import BeamSearch
-
-from model_helpers import random_batch, random_model
 
 TRANSFORMER = {"encoder": {"type": "transformer", "layers": 2, "heads": 4, "ff": 64},
                "decoder": {"type": "transformer", "layers": 2, "heads": 4, "ff": 64}}

@@ -5,13 +5,12 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import module_cmd, run_cli, tiny_config
+
 from onmt_doc.bin.evaluate import main as evaluate_main
 from onmt_doc.data.corpus import iter_parallel
 from onmt_doc.evaluation.contrastive import ContextWindow, _json_objects, ablate, read_suite, score_suite
-from onmt_doc.evaluation.document_metrics import (PRONOUNS, induce_lexicon, lexical_consistency,
-                                                  pronoun_accuracy)
+from onmt_doc.evaluation.document_metrics import PRONOUNS, induce_lexicon, lexical_consistency, pronoun_accuracy
 from onmt_doc.evaluation.toy_suite import write_toy_suite
 from onmt_doc.models.checkpoint import load_model
 from onmt_doc.toy_corpus import ALL_PRONOUN_FORMS
@@ -247,4 +246,5 @@ def test_evaluate_cli_reports_translation_metrics_and_tensorboard(trained_run, t
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     acc = EventAccumulator(str(tb))
     acc.Reload()
-    assert {"contrastive/none/accuracy", "translation/bleu", "translation/pronouns/accuracy"} <= set(acc.Tags()["scalars"])
+    tags = set(acc.Tags()["scalars"])
+    assert {"contrastive/none/accuracy", "translation/bleu", "translation/pronouns/accuracy"} <= tags

@@ -2,10 +2,12 @@
 document beam search structure, word dropout, fine-tuning from a sentence model, learning."""
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch
+from conftest import init_from_run, make_trainer, tiny_config
+from model_helpers import N_WORDS, random_model
+from test_decoding import stepwise_log_probs
 
 from onmt_doc.config import config_from_dict
 from onmt_doc.data.batching import collate, group_tags
@@ -20,10 +22,6 @@ from onmt_doc.modules.word_dropout import word_dropout
 from onmt_doc.train.trainer import train
 from onmt_doc.translate.search import BeamSearch
 from onmt_doc.translate.translator import Translator
-
-from conftest import init_from_run, make_trainer, tiny_config
-from model_helpers import N_WORDS, random_model
-from test_decoding import stepwise_log_probs
 
 G = {"encoder": {"type": "g_transformer", "layers": 3, "heads": 4, "ff": 64, "global_layers": 1},
      "decoder": {"type": "g_transformer", "layers": 3, "heads": 4, "ff": 64, "global_layers": 2,

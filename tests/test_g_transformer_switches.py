@@ -10,16 +10,15 @@ import copy
 
 import pytest
 import torch
+from model_helpers import N_WORDS, random_model
+from test_decoding import stepwise_log_probs
+from test_g_transformer import DOCS, G, doc_batch
 
 from onmt_doc.config import config_from_dict
 from onmt_doc.data.vocab import EOS_SENT_ID, PAD_ID, SOS_ID, SPECIALS
 from onmt_doc.errors import ConfigError
 from onmt_doc.models.model import full_log_probs
 from onmt_doc.translate.search import BeamSearch
-
-from model_helpers import N_WORDS, random_model
-from test_decoding import stepwise_log_probs
-from test_g_transformer import DOCS, G, doc_batch
 
 
 def section(base: dict = G, encoder: dict = {}, decoder: dict = {}) -> dict:

@@ -4,6 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import init_from_run, make_trainer, tiny_config
+from model_helpers import N_WORDS, random_model
+from test_decoding import assert_stepwise_matches
 
 from onmt_doc.config import config_from_dict
 from onmt_doc.data.batching import collate, example_lengths, ordered_batches, token_batches
@@ -18,10 +21,6 @@ from onmt_doc.modules.document_packing import attend_documents, document_memory,
 from onmt_doc.train.trainer import train
 from onmt_doc.translate.search import BeamSearch
 from onmt_doc.translate.translator import Translator
-
-from conftest import init_from_run, make_trainer, tiny_config
-from model_helpers import N_WORDS, random_model
-from test_decoding import assert_stepwise_matches
 
 ENC = {"type": "hierarchical", "layers": 2, "heads": 4, "ff": 64, "doc_layers": 1}
 DEC = {"type": "doc_context", "layers": 2, "heads": 4, "ff": 64}
@@ -380,7 +379,8 @@ def test_context_windows_keep_the_output_aligned_line_by_line(hm_run, toy_dir, t
     saved.data.max_sentences = 2
     hyp = tmp_path / "test.hyp"
     with open(hyp, "w", encoding="utf-8") as out:
-        scores = Translator(model, codec, saved).run_files(str(toy_dir / "test.src"), out, tgt=str(toy_dir / "test.tgt"))
+        scores = Translator(model, codec, saved).run_files(str(toy_dir / "test.src"), out,
+                                                           tgt=str(toy_dir / "test.tgt"))
     src = (toy_dir / "test.src").read_text(encoding="utf-8").split("\n")
     out_lines = hyp.read_text(encoding="utf-8").split("\n")
     assert len(out_lines) == len(src)
@@ -389,7 +389,8 @@ def test_context_windows_keep_the_output_aligned_line_by_line(hm_run, toy_dir, t
     # forced decoding (-score) of the references: one log-probability per line, breaks kept
     scored = tmp_path / "test.scores"
     with open(scored, "w", encoding="utf-8") as out:
-        Translator(model, codec, saved).run_files(str(toy_dir / "test.src"), out, tgt=str(toy_dir / "test.tgt"), score=True)
+        Translator(model, codec, saved).run_files(str(toy_dir / "test.src"), out, tgt=str(toy_dir / "test.tgt"),
+                                                  score=True)
     lines = scored.read_text(encoding="utf-8").split("\n")
     assert [not line.strip() for line in lines] == [not line.strip() for line in src]
     assert all(float(line) < 0 for line in lines if line.strip())

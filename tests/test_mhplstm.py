@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import tiny_config
+from model_helpers import random_batch, random_model
+from test_decoding import SIZES, TRANSFORMER, assert_stepwise_matches
 
 from onmt_doc.config import config_from_dict
 from onmt_doc.data.vocab import PAD_ID
@@ -12,10 +15,6 @@ from onmt_doc.errors import ConfigError
 from onmt_doc.models.model import full_log_probs
 from onmt_doc.modules.hplstm import MultiHeadHPLSTM, linear_scan
 from onmt_doc.train.trainer import train
-
-from conftest import tiny_config
-from model_helpers import random_batch, random_model
-from test_decoding import SIZES, TRANSFORMER, assert_stepwise_matches
 
 MHPLSTM = {"encoder": TRANSFORMER["encoder"],
            "decoder": {"type": "mhplstm", "layers": 2, "heads": 4, "ff": 64}}

@@ -5,19 +5,25 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import tiny_config
+from model_helpers import random_batch, random_model
+from test_decoding import SIZES, stepwise_log_probs
 
 from onmt_doc.config import config_from_dict
 from onmt_doc.data.vocab import PAD_ID
 from onmt_doc.models.model import full_log_probs
-from onmt_doc.modules.separable import (SOURCE_AXIS, TARGET_AXIS, Dropout1d, Dropout2d, Reduction,
-                                        SourceAttention, TargetAttention)
+from onmt_doc.modules.separable import (
+    SOURCE_AXIS,
+    TARGET_AXIS,
+    Dropout1d,
+    Dropout2d,
+    Reduction,
+    SourceAttention,
+    TargetAttention,
+)
 from onmt_doc.train.trainer import train
 from onmt_doc.translate.length_penalty import GNMTPenalty
 from onmt_doc.translate.search import BeamSearch
-
-from conftest import tiny_config
-from model_helpers import random_batch, random_model
-from test_decoding import SIZES, stepwise_log_probs
 
 REFORMER = {"layers": 2, "heads": 4, "ff": 64}
 BASE = {"encoder": {"type": "embedding"}, "decoder": {"type": "reformer", **REFORMER}}
@@ -185,7 +191,8 @@ def test_beam_search_finished_sentences_do_not_change_results():
         together = search.search(model, batch)
         for i in range(len(SIZES)):
             n = int(batch.src[i].ne(PAD_ID).sum())
-            alone = search.search(model, type(batch)(src=batch.src[i:i + 1, :n], src_groups=batch.src_groups[i:i + 1, :n]))
+            one = type(batch)(src=batch.src[i:i + 1, :n], src_groups=batch.src_groups[i:i + 1, :n])
+            alone = search.search(model, one)
             assert alone[0][0].tokens == together[i][0].tokens
             assert abs(alone[0][0].score - together[i][0].score) < 1e-4
 

@@ -6,13 +6,12 @@ import sys
 
 import pytest
 import yaml
+from conftest import REPO, run_cli, write_config
+from test_cli import assert_one_line_error
 
 from onmt_doc.config import config_from_dict, load_config
 from onmt_doc.errors import UserError
 from onmt_doc.scaling import layer_units, plan_scaling, scaled_config, solve_step, variant_overrides
-
-from conftest import REPO, run_cli, write_config
-from test_cli import assert_one_line_error
 
 FAST = {"d_model": 256, "encoder": {"type": "transformer", "layers": 3, "heads": 4, "ff": 1024},
         "decoder": {"type": "reformer", "layers": 2, "heads": 4, "ff": 1024}}
@@ -25,12 +24,12 @@ def synthetic_loss(layers: float, width: float) -> float:
 
 
 def test_step_reaches_the_parameter_ratio_along_the_gradient():
-    l, w = 6, 4
-    losses = (synthetic_loss(l, w), synthetic_loss(l + 1, w), synthetic_loss(l, w + 1))
-    plan = plan_scaling(l, 4 * 256, 256, losses, epsilon=1, beta=2.0)
+    layers, w = 6, 4
+    losses = (synthetic_loss(layers, w), synthetic_loss(layers + 1, w), synthetic_loss(layers, w + 1))
+    plan = plan_scaling(layers, 4 * 256, 256, losses, epsilon=1, beta=2.0)
     assert plan.grad_layers == pytest.approx(0.03) and plan.grad_width == pytest.approx(0.01)
-    new_l, new_w = l + plan.alpha * 0.03, w + plan.alpha * 0.01
-    assert layer_units(new_l, new_w) == pytest.approx(2.0 * layer_units(l, w))       # eq. 11
+    new_l, new_w = layers + plan.alpha * 0.03, w + plan.alpha * 0.01
+    assert layer_units(new_l, new_w) == pytest.approx(2.0 * layer_units(layers, w))       # eq. 11
     # by hand: (6 + 0.03α)(12 + 0.02α) = 2·6·12, i.e. 0.0006α² + 0.48α − 72 = 0
     alpha = (-(0.36 + 0.12) + ((0.36 + 0.12) ** 2 + 4 * 0.0006 * 72) ** 0.5) / (2 * 0.0006)
     assert plan.alpha == pytest.approx(alpha)
@@ -85,9 +84,9 @@ def test_tool_writes_a_loadable_scaled_config(tmp_path):
 
 def test_tool_errors_are_one_line(tmp_path):
     path = write_config({"model": FAST}, tmp_path / "fast.yaml")
-    assert_one_line_error(run_cli(*TOOL, "-config", str(path), "-losses", "3.0,2.9", "-output", str(tmp_path / "o.yaml")),
-                          "-losses")
-    assert_one_line_error(run_cli(*TOOL, "-config", str(path), "-losses", "3.0,3.1,3.2", "-output", str(tmp_path / "o.yaml")),
+    out = str(tmp_path / "o.yaml")
+    assert_one_line_error(run_cli(*TOOL, "-config", str(path), "-losses", "3.0,2.9", "-output", out), "-losses")
+    assert_one_line_error(run_cli(*TOOL, "-config", str(path), "-losses", "3.0,3.1,3.2", "-output", out),
                           "no scaling reaches")
     assert_one_line_error(run_cli(*TOOL, "-config", str(path), "model.decoder.layerz=2", "-losses", "3,2,2",
                                   "-output", str(tmp_path / "o.yaml")), "model.decoder.layerz")

@@ -5,6 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from model_helpers import random_batch, random_model
+from test_decoding import SIZES, TRANSFORMER
+from test_g_transformer import G, doc_batch
+from test_hm_gdc import BOTH, context_batch, random_docs
 
 from onmt_doc.bin.translate import _parser
 from onmt_doc.config import ConfigError, TranslateConfig, config_from_dict
@@ -12,13 +16,8 @@ from onmt_doc.data.batching import collate
 from onmt_doc.data.instances import Example
 from onmt_doc.data.vocab import EOS_ID, PAD_ID
 from onmt_doc.models.model import full_log_probs
-from onmt_doc.translate.length_penalty import (AveragePenalty, GNMTPenalty, NoPenalty, build_length_penalty)
+from onmt_doc.translate.length_penalty import AveragePenalty, GNMTPenalty, NoPenalty, build_length_penalty
 from onmt_doc.translate.search import BeamSearch, GreedySearch, Search, build_search
-
-from model_helpers import random_batch, random_model
-from test_decoding import SIZES, TRANSFORMER
-from test_g_transformer import G, doc_batch
-from test_hm_gdc import BOTH, context_batch, random_docs
 
 PENALTIES = {"gnmt_0.6": GNMTPenalty(0.6), "avg": AveragePenalty(), "none": NoPenalty()}
 

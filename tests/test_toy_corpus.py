@@ -53,7 +53,7 @@ def test_files_and_sizes(corpus: Path) -> None:
     for split in SPLITS:
         for ext in ("src", "tgt", "ctx"):
             assert (corpus / f"{split}.{ext}").is_file()
-    sizes = {s: sum(1 for l in read(corpus / f"{s}.src") if l) for s in SPLITS}
+    sizes = {s: sum(1 for line in read(corpus / f"{s}.src") if line) for s in SPLITS}
     assert 15000 <= sizes["train"] <= 20000
     assert 400 <= sizes["valid"] <= 600
     assert 400 <= sizes["test"] <= 600
@@ -98,7 +98,7 @@ def test_alignment_and_document_layout(corpus: Path) -> None:
 
 
 def test_vocabulary_size(corpus: Path) -> None:
-    vocab = {w for l in read(corpus / "train.src") for w in l.split()}
+    vocab = {w for line in read(corpus / "train.src") for w in line.split()}
     assert 60 <= len(vocab) <= 150
 
 
@@ -135,7 +135,7 @@ def test_context_rule_from_previous_subject(corpus: Path) -> None:
 def test_pronoun_rate_and_balance(corpus: Path) -> None:
     tgt = read(corpus / "train.tgt")
     ctx = read_ctx(corpus / "train.ctx")
-    non_first = sum(1 for i, l in enumerate(tgt) if l and i > 0 and tgt[i - 1])
+    non_first = sum(1 for i, line in enumerate(tgt) if line and i > 0 and tgt[i - 1])
     with_pronoun = len({line_no for line_no, _, _ in ctx})
     assert 0.25 <= with_pronoun / non_first <= 0.40
     # antecedent genders roughly balanced
@@ -145,7 +145,7 @@ def test_pronoun_rate_and_balance(corpus: Path) -> None:
 
 
 def test_pronoun_not_predictable_from_sentence(corpus: Path) -> None:
-    src, tgt = read(corpus / "train.src"), read(corpus / "train.tgt")
+    src = read(corpus / "train.src")
     by_sentence: dict[str, Counter[str]] = defaultdict(Counter)
     for line_no, idx, word in read_ctx(corpus / "train.ctx"):
         by_sentence[src[line_no - 1]][word] += 1

@@ -5,15 +5,14 @@ bookkeeping around decoding (files, lines, documents, limits), not translation q
 """
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import module_cmd, run_cli
 from model_helpers import random_model
+
 from onmt_doc.config import config_from_dict, config_to_dict
 from onmt_doc.data.corpus import iter_lines, iter_parallel
 from onmt_doc.data.instances import build_instances
@@ -167,7 +166,7 @@ def test_repaired_sentence_counts_are_counted_and_never_empty():
     one_sentence = Hypothesis([SOS_ID, w[0], EOS_SENT_ID], 0.0, 0.0)
     lines = t._hypothesis_lines([one_sentence], 3)
     assert t.stats.docs_repaired == 1 and t.stats.empty_filled == 2
-    assert [l[0] for l in lines][1:] == [EMPTY_FILL, EMPTY_FILL]
+    assert [line[0] for line in lines][1:] == [EMPTY_FILL, EMPTY_FILL]
     four = Hypothesis([s for i in w + w[:1] for s in (SOS_ID, i, EOS_SENT_ID)], 0.0, 0.0)
     assert len(t._hypothesis_lines([four], 3)) == 3 and t.stats.docs_repaired == 2
 

@@ -10,7 +10,6 @@ import unicodedata
 from pathlib import Path
 
 import pytest
-
 from conftest import module_cmd, run_cli, tiny_config
 
 # source word -> non-ASCII source word, target word -> non-ASCII target word
@@ -27,7 +26,7 @@ def write_variant(toy: Path, out: Path, split: str, lines: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for ext, mapping in (("src", SRC_MAP), ("tgt", TGT_MAP)):
         text = (toy / f"{split}.{ext}").read_text(encoding="utf-8").split("\n")[:lines]
-        text = [to_variant(l, mapping) for l in text]
+        text = [to_variant(line, mapping) for line in text]
         (out / f"{split}.{ext}").write_text("\n".join(text).strip("\n") + "\n", encoding="utf-8")
 
 
@@ -60,8 +59,8 @@ def test_vocabulary_and_subwords_keep_every_code_point(unicode_run):
 
     _, _, codec = load_model(str(unicode_run / "run" / "checkpoints" / "last.pt"))
     lines = (unicode_run / "data" / "train.tgt").read_text(encoding="utf-8").split("\n")
-    lines = [l for l in lines if l][:500]
-    assert sum(any(w in l for w in TGT_MAP.values()) for l in lines) > 100
+    lines = [line for line in lines if line][:500]
+    assert sum(any(w in line for w in TGT_MAP.values()) for line in lines) > 100
     for line, ids in zip(lines, codec.encode(lines, "tgt")):
         assert 1 not in ids.tolist(), line                      # no <unk> (id 1) for seen text
         assert codec.decode(list(ids)) == line                  # text -> ids -> text is exact

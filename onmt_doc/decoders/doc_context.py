@@ -22,8 +22,12 @@ from onmt_doc.config import option
 from onmt_doc.data.batching import Batch
 from onmt_doc.decoders import REGISTRY
 from onmt_doc.decoders.base import LengthLimit
-from onmt_doc.decoders.transformer import (TransformerDecoder, TransformerDecoderConfig, TransformerDecoderLayer,
-                                           TransformerState)
+from onmt_doc.decoders.transformer import (
+    TransformerDecoder,
+    TransformerDecoderConfig,
+    TransformerDecoderLayer,
+    TransformerState,
+)
 from onmt_doc.encoders.base import EncoderOut
 from onmt_doc.modules.attention import KV, MultiHeadAttention
 from onmt_doc.modules.document_packing import DocumentMemory, attend_documents, document_memory

@@ -29,8 +29,16 @@ from onmt_doc.decoders.transformer import TransformerDecoderConfig, TransformerD
 from onmt_doc.encoders.base import EncoderOut
 from onmt_doc.modules.attention import KV, MultiHeadAttention
 from onmt_doc.modules.gate_sum import GateSum
-from onmt_doc.modules.group_attention import (COMBINED, GLOBAL, GROUP, BlockPlan, attention_modes, group_attend,
-                                              plan_cross, plan_self)
+from onmt_doc.modules.group_attention import (
+    COMBINED,
+    GLOBAL,
+    GROUP,
+    BlockPlan,
+    attention_modes,
+    group_attend,
+    plan_cross,
+    plan_self,
+)
 from onmt_doc.modules.state import DecoderState
 from onmt_doc.parts import PartContext
 

@@ -22,8 +22,16 @@ from onmt_doc.encoders.base import EncoderOut
 from onmt_doc.modules.attention import KV
 from onmt_doc.modules.dropout import Dropout
 from onmt_doc.modules.feedforward import FeedForward
-from onmt_doc.modules.separable import (SOURCE_AXIS, TARGET_AXIS, Dropout1d, Dropout2d, JointResidual,
-                                        Reduction, SourceAttention, TargetAttention)
+from onmt_doc.modules.separable import (
+    SOURCE_AXIS,
+    TARGET_AXIS,
+    Dropout1d,
+    Dropout2d,
+    JointResidual,
+    Reduction,
+    SourceAttention,
+    TargetAttention,
+)
 from onmt_doc.modules.state import DecoderState
 from onmt_doc.parts import PartContext
 

@@ -22,8 +22,15 @@ from onmt_doc.encoders.base import Encoder, EncoderOut
 from onmt_doc.encoders.transformer import TransformerEncoderConfig, TransformerEncoderLayer
 from onmt_doc.modules.attention import MultiHeadAttention
 from onmt_doc.modules.gate_sum import GateSum
-from onmt_doc.modules.group_attention import (COMBINED, GLOBAL, GROUP, BlockPlan, attention_modes, group_attend,
-                                              plan_self)
+from onmt_doc.modules.group_attention import (
+    COMBINED,
+    GLOBAL,
+    GROUP,
+    BlockPlan,
+    attention_modes,
+    group_attend,
+    plan_self,
+)
 from onmt_doc.parts import PartContext
 
 

@@ -29,7 +29,6 @@ from torch import nn
 
 from onmt_doc.config import Config, option
 from onmt_doc.data.batching import Batch
-from onmt_doc.data.vocab import PAD_ID
 from onmt_doc.encoders import REGISTRY
 from onmt_doc.encoders.base import EncoderOut
 from onmt_doc.encoders.transformer import TransformerEncoder, TransformerEncoderConfig, TransformerEncoderLayer

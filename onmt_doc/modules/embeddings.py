@@ -7,9 +7,8 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
-from onmt_doc.modules.dropout import Dropout
-
 from onmt_doc.data.vocab import PAD_ID
+from onmt_doc.modules.dropout import Dropout
 
 
 def sinusoid_table(length: int, dim: int) -> torch.Tensor:

@@ -30,8 +30,8 @@ from onmt_doc.data.instances import Example, build_instances
 from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, PAD_ID, SOS_ID
 from onmt_doc.evaluation.bleu import report
 from onmt_doc.models.model import EncoderDecoder
-from onmt_doc.translate.search import build_search
 from onmt_doc.translate.scoring import sentence_log_probs
+from onmt_doc.translate.search import build_search
 
 log = logging.getLogger("onmt_doc")
 
