@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from dataclasses import dataclass
 from itertools import islice
@@ -39,13 +40,17 @@ import numpy as np
 
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import iter_parallel
-from onmt_doc.errors import UserError
+from onmt_doc.data.fields import FieldContext, register_field
+from onmt_doc.errors import ConfigError, UserError
+
+log = logging.getLogger("onmt_doc")
 
 TABLE_FORMAT = 1
 Normaliser = Literal["shared", "per_scenario"]
 NORMALISERS: tuple[str, ...] = ("shared", "per_scenario")
 _ARRAYS = ("src_counts", "tgt_counts", "bi_keys", "bi_counts", "mono_keys", "mono_counts")
 Pair = tuple[np.ndarray, np.ndarray]
+Z_STAR = "z_star"            # the per-example field of z* (data/fields.py): extra["z_star"] and ["z_star_mask"]
 
 
 # ----------------------------------------------------------------------------- ragged helpers
@@ -408,3 +413,28 @@ def attach_z_star(examples: Sequence, docs: Sequence[Sequence[Pair]], table: PMI
         ex.extra["z_star_mask"] = np.concatenate(m_parts).astype(np.int8)
         if len(ex.extra["z_star"]) != len(ex.tgt):
             raise ValueError(f"z* of document {ex.doc} does not match its target length")
+
+
+@register_field(Z_STAR)
+class ZStarField:
+    """The z* field: eq. 7's labels of every training example, cached next to the binarized data
+    and keyed by the table's counts and normaliser. Reads the asking section's keys ``table`` (a
+    PMI table of this run's vocabularies) and ``normaliser``; the table is loaded when the field
+    is built, so a missing or foreign table fails before any data is read."""
+
+    keys = ("z_star", "z_star_mask")
+
+    def __init__(self, section, ctx: FieldContext):
+        if not section.table:
+            raise ConfigError(f"loss {section.type}: key 'table' is required (a PMI table built with "
+                              f"tools/build_pmi_table.py)")
+        self.who = section.type
+        self.table = PMITable.load(section.table, ctx.codec, section.normaliser)
+        self.cache_dir = ctx.cache_dir
+
+    def attach(self, examples: Sequence, docs: Sequence[Sequence[Pair]]) -> None:
+        attach_z_star(examples, docs, self.table, self.cache_dir)
+        labeled = sum(int(e.extra["z_star_mask"].sum()) for e in examples)
+        source = sum(int(e.extra["z_star"].sum()) for e in examples)
+        log.info("%s: z* of %d target tokens, %.1f%% on the source side (z* = 1, %s normaliser)",
+                 self.who, labeled, 100.0 * source / max(labeled, 1), self.table.normaliser)

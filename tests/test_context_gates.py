@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from onmt_doc.bin.common import run as run_command
 from onmt_doc.config import config_from_dict
 from onmt_doc.data.batching import collate
+from onmt_doc.data.fields import FieldContext, build_field
 from onmt_doc.data.instances import Example, mark_sentence
 from onmt_doc.data.prepare import build_codec
 from onmt_doc.data.vocab import EOS_ID, PAD_ID
@@ -264,11 +265,17 @@ def test_hinge_regularises_the_chosen_layers(tmp_path, layers, want):
     with pytest.raises(ConfigError, match="'layers' names layer 3"):
         PMIGateHinge(PMIGateHingeConfig(table=str(tmp_path / "hand.npz"), layers=[3]))(
             SimpleNamespace(aux={"gates": gates}), batch)
-    cfg = config_from_dict({"model": gated()})           # 2 decoder layers
-    with pytest.raises(ConfigError, match="'layers' names layer 3, model.decoder.layers is 2"):
-        PMIGateHinge(PMIGateHingeConfig(table=str(tmp_path / "hand.npz"), layers=[1, 3]), config=cfg)
+    with pytest.raises(ConfigError, match="'layers' names layer 0"):
+        PMIGateHinge(PMIGateHingeConfig(table=str(tmp_path / "hand.npz"), layers=[0]))(
+            SimpleNamespace(aux={"gates": gates}), batch)
+
+    def hinge_config(layers: list[int]) -> None:   # 2 decoder layers
+        config_from_dict({"model": gated(), "loss": [{"type": "pmi_gate_hinge", "table": "t.npz", "layers": layers}]})
+
+    with pytest.raises(ConfigError, match="names layer 3, model.decoder.layers is 2"):
+        hinge_config([1, 3])
     with pytest.raises(ConfigError, match="distinct layer numbers"):
-        PMIGateHinge(PMIGateHingeConfig(table=str(tmp_path / "hand.npz"), layers=[0]))
+        hinge_config([0])
 
 
 def test_z_star_rides_on_batches_aligned_with_tgt_out(tmp_path):
@@ -287,6 +294,27 @@ def test_z_star_rides_on_batches_aligned_with_tgt_out(tmp_path):
     again = [Example(e.src, e.tgt, e.doc, e.first, 1) for e in examples]
     attach_z_star(again, docs, table, str(tmp_path))                       # read from the cache
     assert all(np.array_equal(a.extra["z_star"], b.extra["z_star"]) for a, b in zip(examples, again))
+
+
+def test_z_star_is_a_data_field_cached_with_the_binarized_data(toy_dir, tmp_path):
+    """The loss only declares the z_star field; the data pipeline attaches it to the training
+    examples (not to validation: the loss is training-only) and caches it in data.cache_dir
+    beside the binarized corpus. A field nobody provides is refused by name."""
+    cache = tmp_path / "cache"
+    cfg = tiny_config(toy_dir, tmp_path / "run", data={"cache_dir": str(cache)})
+    cfg["model"]["decoder"] = {"type": "gated_transformer", "layers": 1, "heads": 4, "ff": 64}
+    cfg["loss"] = [{"type": "label_smoothed_ce"}, {"type": "pmi_gate_hinge", "table": str(tmp_path / "pmi.npz")}]
+    codec = build_codec(config_from_dict(cfg), str(tmp_path / "run"))
+    table = build_table(str(toy_dir / "train.src"), str(toy_dir / "train.tgt"), codec)
+    table.save(str(tmp_path / "pmi.npz"))
+    trainer = Trainer(config_from_dict(cfg), distributed.init_distributed("cpu"))
+    assert PMIGateHinge.needs_fields == ("z_star",) and not hasattr(trainer.losses[1], "table")
+    assert all(len(e.extra["z_star"]) == len(e.tgt) for e in trainer.train_examples)
+    assert sum(int(e.extra["z_star_mask"].sum()) for e in trainer.train_examples) > 0
+    assert trainer.valid_examples and all("z_star" not in e.extra for e in trainer.valid_examples)
+    assert len(list(cache.glob("zstar-*.npz"))) == 1 and len(list(cache.glob("*.npz"))) >= 3
+    with pytest.raises(ValueError, match="no provider for field 'z_star_typo'"):
+        build_field("z_star_typo", trainer.losses[1].cfg, FieldContext(codec))
 
 
 # ----------------------------------------------------------------------------- training

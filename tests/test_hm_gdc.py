@@ -14,6 +14,7 @@ from onmt_doc.data.instances import context_instances
 from onmt_doc.data.vocab import PAD_ID, SPECIALS
 from onmt_doc.encoders.hierarchical import own_sentence_context
 from onmt_doc.errors import ConfigError
+from onmt_doc.evaluation.bleu import report
 from onmt_doc.models.checkpoint import load_model
 from onmt_doc.models.model import full_log_probs
 from onmt_doc.modules.attention import MultiHeadAttention, attention_probs
@@ -379,8 +380,9 @@ def test_context_windows_keep_the_output_aligned_line_by_line(hm_run, toy_dir, t
     saved.data.max_sentences = 2
     hyp = tmp_path / "test.hyp"
     with open(hyp, "w", encoding="utf-8") as out:
-        scores = Translator(model, codec, saved).run_files(str(toy_dir / "test.src"), out,
-                                                           tgt=str(toy_dir / "test.tgt"))
+        pairs = Translator(model, codec, saved).run_files(str(toy_dir / "test.src"), out,
+                                                          tgt=str(toy_dir / "test.tgt"))
+    scores = report(*pairs, saved.data.documents)
     src = (toy_dir / "test.src").read_text(encoding="utf-8").split("\n")
     out_lines = hyp.read_text(encoding="utf-8").split("\n")
     assert len(out_lines) == len(src)

@@ -52,6 +52,7 @@ def _main(argv: Optional[list[str]]) -> int:
     import torch
 
     from onmt_doc.errors import UserError
+    from onmt_doc.evaluation.bleu import report
     from onmt_doc.models.checkpoint import load_model
     from onmt_doc.train.distributed import pick_device
     from onmt_doc.train.reporting import setup_logging
@@ -90,10 +91,11 @@ def _main(argv: Optional[list[str]]) -> int:
     translator = Translator(model, codec, cfg, opts, device)
     start = time.time()
     if args.output == "-":
-        scores = translator.run_files(args.src, sys.stdout, args.tgt, score=args.score)
+        pairs = translator.run_files(args.src, sys.stdout, args.tgt, score=args.score)
     else:
-        scores = _write_atomically(args.output, lambda out: translator.run_files(args.src, out, args.tgt,
-                                                                                  score=args.score))
+        pairs = _write_atomically(args.output, lambda out: translator.run_files(args.src, out, args.tgt,
+                                                                                 score=args.score))
+    scores = report(*pairs, cfg.data.documents) if pairs else None
     elapsed = time.time() - start
     print(f"{'scored' if args.score else 'translated'} {args.src} in {elapsed:.1f}s "
           f"({translator.stats.summary()})", file=sys.stderr)

@@ -9,12 +9,13 @@ import logging
 import os
 from collections import Counter
 from itertools import islice
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 from onmt_doc.config import Config
 from onmt_doc.data.cache import load_tokenized
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import iter_lines, read_parallel
+from onmt_doc.data.fields import FieldProvider, attach_fields
 from onmt_doc.data.instances import Example, build_instances
 from onmt_doc.data.tokenizer import Subword
 from onmt_doc.data.vocab import Vocab
@@ -25,8 +26,8 @@ log = logging.getLogger("onmt_doc")
 
 def _paths(run_dir: str, shared: bool) -> dict[str, str]:
     if shared:
-        return {"src_subword": os.path.join(run_dir, "subword.model"), "tgt_subword": os.path.join(run_dir, "subword.model"),
-                "src_vocab": os.path.join(run_dir, "vocab.txt"), "tgt_vocab": os.path.join(run_dir, "vocab.txt")}
+        subword, vocab = os.path.join(run_dir, "subword.model"), os.path.join(run_dir, "vocab.txt")
+        return {"src_subword": subword, "tgt_subword": subword, "src_vocab": vocab, "tgt_vocab": vocab}
     return {"src_subword": os.path.join(run_dir, "src.subword"), "tgt_subword": os.path.join(run_dir, "tgt.subword"),
             "src_vocab": os.path.join(run_dir, "vocab.src"), "tgt_vocab": os.path.join(run_dir, "vocab.tgt")}
 
@@ -101,15 +102,22 @@ def load_codec(cfg: Config, run_dir: str) -> Optional[Codec]:
     return Codec(src_sw, tgt_sw, Vocab.load(p["src_vocab"]), Vocab.load(p["tgt_vocab"]))
 
 
+def data_cache_dir(cfg: Config, run_dir: str) -> str:
+    """Where binarized corpora (and what is cached with them, e.g. z*) live: data.cache_dir or <run>/cache."""
+    return cfg.data.cache_dir or os.path.join(run_dir, "cache")
+
+
 def load_examples(cfg: Config, codec: Codec, src: str, tgt: str, unit: str, run_dir: str,
-                  filter_long: bool = True) -> tuple[list[Example], list]:
-    """Instances of a parallel corpus for ``unit``, and its tokenized documents."""
-    cache_dir = cfg.data.cache_dir or os.path.join(run_dir, "cache")
-    docs, cached = load_tokenized(src, tgt, codec, cfg.data.documents, cfg.data.max_line_chars, cache_dir)
+                  filter_long: bool = True, fields: Sequence[FieldProvider] = ()) -> tuple[list[Example], list]:
+    """Instances of a parallel corpus for ``unit`` with the per-example ``fields`` (the ones losses
+    ask for) attached, and its tokenized documents."""
+    docs, cached = load_tokenized(src, tgt, codec, cfg.data.documents, cfg.data.max_line_chars,
+                                  data_cache_dir(cfg, run_dir))
     examples, dropped = build_instances(unit, docs, cfg.data.max_tokens, cfg.data.max_len if filter_long else 0,
                                         cfg.data.max_sentences)
     n_sents = sum(len(d) for d in docs)
     log.info("%s: %d documents, %d sentence pairs -> %d %s instances%s%s", src, len(docs), n_sents,
              len(examples), unit, " (binarized cache)" if cached else "",
              f"; {dropped} pairs dropped by data.max_len={cfg.data.max_len}" if dropped else "")
+    attach_fields(examples, docs, fields)
     return examples, docs

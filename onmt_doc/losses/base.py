@@ -3,16 +3,18 @@
 A loss returns a *sum* over target tokens (or whatever it counts) and a dict of summed statistics;
 the trainer divides by the number of target tokens of the whole optimizer step (over accumulation
 and ranks), so every loss is normalised the same way and distributed training equals one process.
+A loss gets only its own config section; per-token data it needs beyond the batch (e.g. z*) it
+declares in ``needs_fields``, and the data pipeline attaches it (``onmt_doc/data/fields.py``).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, ClassVar, Sequence
 
 import torch
 
 from onmt_doc.config import LossConfig
 from onmt_doc.data.batching import Batch
-from onmt_doc.data.instances import Example
+from onmt_doc.data.fields import FieldContext, FieldProvider, build_field
 
 if TYPE_CHECKING:
     from onmt_doc.models.model import ModelOut
@@ -22,15 +24,11 @@ class Loss:
     """Subclasses implement ``__call__``; extra statistics use "group/name" keys."""
 
     training_only = False   # skipped in validation (e.g. regularisers)
+    needs_fields: ClassVar[tuple[str, ...]] = ()   # per-example fields it reads from Batch.extra
 
     def __init__(self, cfg: LossConfig, **context):
         self.cfg = cfg
         self.weight = cfg.weight
-
-    def prepare(self, examples: Sequence[Example], docs: Sequence) -> None:
-        """Attach what the loss reads from ``Batch.extra`` to the training examples (their
-        ``extra`` arrays, aligned with the target); ``docs`` are the tokenized documents they come
-        from. Called once, before training; default: nothing."""
 
     def __call__(self, out: "ModelOut", batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:  # pragma: no cover
         raise NotImplementedError
@@ -39,3 +37,17 @@ class Loss:
 def build_losses(cfgs: Sequence[LossConfig], **context) -> list[Loss]:
     from onmt_doc.losses import REGISTRY
     return [REGISTRY.build(c, **context) for c in cfgs]
+
+
+def loss_fields(losses: Sequence[Loss], ctx: FieldContext) -> tuple[list[FieldProvider], list[FieldProvider]]:
+    """Providers of the fields ``losses`` ask for, for the training data and for the validation
+    data (losses run there only); each is built from the asking loss's own section, whose keys say
+    where the data comes from."""
+    train, valid = [], []
+    for loss in losses:
+        for name in loss.needs_fields:
+            provider = build_field(name, loss.cfg, ctx)
+            train.append(provider)
+            if not loss.training_only:
+                valid.append(provider)
+    return train, valid

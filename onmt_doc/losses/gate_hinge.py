@@ -9,8 +9,6 @@ is a sum the trainer divides by the step's target tokens. Tokens without supervi
 """
 from __future__ import annotations
 
-import logging
-import os
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -21,9 +19,7 @@ from onmt_doc.data.batching import Batch
 from onmt_doc.errors import ConfigError
 from onmt_doc.losses import REGISTRY
 from onmt_doc.losses.base import Loss
-from onmt_doc.pmi import Normaliser, PMITable, attach_z_star
-
-log = logging.getLogger("onmt_doc")
+from onmt_doc.pmi import Z_STAR, Normaliser
 
 
 @dataclass
@@ -52,8 +48,9 @@ def select_layers(gates: torch.Tensor, layers: Sequence[int]) -> torch.Tensor:
     """The gates [L, B, T, D] of the 1-based ``layers`` (all when empty)."""
     if not layers:
         return gates
-    if max(layers) > gates.size(0):
-        raise ConfigError(f"loss pmi_gate_hinge: key 'layers' names layer {max(layers)}, the decoder has "
+    if min(layers) < 1 or max(layers) > gates.size(0):
+        bad = min(layers) if min(layers) < 1 else max(layers)
+        raise ConfigError(f"loss pmi_gate_hinge: key 'layers' names layer {bad}, the decoder has "
                           f"{gates.size(0)}")
     return gates[[i - 1 for i in layers]]
 
@@ -75,29 +72,7 @@ class PMIGateHinge(Loss):
     (supervised tokens) and gate/source (tokens with z* = 1)."""
 
     training_only = True
-
-    def __init__(self, cfg: PMIGateHingeConfig, codec=None, config=None, run_dir: Optional[str] = None, **context):
-        super().__init__(cfg)
-        if not cfg.table:
-            raise ConfigError("loss pmi_gate_hinge: key 'table' is required (a PMI table built with "
-                              "tools/build_pmi_table.py)")
-        if any(not isinstance(i, int) or i < 1 for i in cfg.layers) or len(set(cfg.layers)) != len(cfg.layers):
-            raise ConfigError(f"loss pmi_gate_hinge: key 'layers' must list distinct layer numbers from 1 "
-                              f"(got {cfg.layers})")
-        n_layers = getattr(getattr(getattr(config, "model", None), "decoder", None), "layers", None)
-        if isinstance(n_layers, int) and cfg.layers and max(cfg.layers) > n_layers:
-            raise ConfigError(f"loss pmi_gate_hinge: key 'layers' names layer {max(cfg.layers)}, "
-                              f"model.decoder.layers is {n_layers}")
-        self.table = PMITable.load(cfg.table, codec, cfg.normaliser)
-        cache = config.data.cache_dir if config is not None else None
-        self.cache_dir = cache or (os.path.join(run_dir, "cache") if run_dir else None)
-
-    def prepare(self, examples: Sequence, docs: Sequence) -> None:
-        attach_z_star(examples, docs, self.table, self.cache_dir)
-        labeled = sum(int(e.extra["z_star_mask"].sum()) for e in examples)
-        source = sum(int(e.extra["z_star"].sum()) for e in examples)
-        log.info("pmi_gate_hinge: z* of %d target tokens, %.1f%% on the source side (z* = 1, %s normaliser)",
-                 labeled, 100.0 * source / max(labeled, 1), self.table.normaliser)
+    needs_fields = (Z_STAR,)   # the data pipeline attaches z* (onmt_doc/pmi.py, read from `table`, `normaliser`)
 
     def __call__(self, out, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         gates = out.aux.get("gates")
@@ -105,7 +80,7 @@ class PMIGateHinge(Loss):
             raise ConfigError("loss pmi_gate_hinge needs a decoder with context gates "
                               "(model.decoder.type: gated_transformer with gate: vector)")
         if "z_star" not in batch.extra:
-            raise ConfigError("loss pmi_gate_hinge: the batch has no z* (training data not prepared by the loss)")
+            raise ConfigError("loss pmi_gate_hinge: the batch has no z* (training data without the z_star field)")
         mask = batch.extra["z_star_mask"]
         hinge, wrong = gate_hinge(select_layers(gates.float(), self.cfg.layers), batch.extra["z_star"], mask)
         return hinge.sum(), {"gate/hinge": hinge.detach().sum().item(), "gate/wrong": wrong.sum().item(),

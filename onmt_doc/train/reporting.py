@@ -12,7 +12,6 @@ import math
 import os
 import sys
 import time
-from typing import Optional
 
 from onmt_doc.modules.analysis import COUNT_SUFFIX
 

@@ -25,23 +25,24 @@ from onmt_doc.config import Config, config_to_dict, save_config
 from onmt_doc.data.batching import BatchSampler, collate, ordered_batches
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import read_parallel
+from onmt_doc.data.fields import FieldContext
 from onmt_doc.data.instances import Example
-from onmt_doc.data.prepare import build_codec, load_codec, load_examples, require_train_paths
+from onmt_doc.data.prepare import build_codec, data_cache_dir, load_codec, load_examples, require_train_paths
 from onmt_doc.errors import ConfigError, UserError
 from onmt_doc.evaluation.bleu import report
-from onmt_doc.losses import Loss, build_losses
+from onmt_doc.losses import Loss, build_losses, loss_fields
 from onmt_doc.models.builder import build_model
 from onmt_doc.models.checkpoint import copy_checkpoint, load_checkpoint, save_checkpoint
-from onmt_doc.models.model import EncoderDecoder
 from onmt_doc.modules import analysis
-from onmt_doc.optim.optimizers import build_optimizer, param_groups
+from onmt_doc.optim.optimizers import build_optimizer
 from onmt_doc.optim.schedules import build_schedule
 from onmt_doc.train import distributed
 from onmt_doc.train.distributed import DistContext
+from onmt_doc.train.hardware import amp_dtype, autocast, set_threads
+from onmt_doc.train.init_from import initial_param_groups
 from onmt_doc.train.interrupt import Interrupted, StopRequest
-from onmt_doc.train.run_folder import (PARTIAL, data_fingerprint, fingerprint_changes, lock_run_dir,
-                                       remove_partial_files)
 from onmt_doc.train.reporting import Reporter, summarize
+from onmt_doc.train.run_folder import PARTIAL, data_fingerprint, fingerprint_changes, lock_run_dir, remove_partial_files
 from onmt_doc.translate.translator import Translator, translator_options
 
 log = logging.getLogger("onmt_doc")
@@ -81,33 +82,6 @@ class StepStats:
             self.values[k] = self.values.get(k, 0.0) + float(v)
 
 
-def cpu_has_amx_bf16() -> bool:
-    """True on CPUs with AMX bf16 tiles, where bf16 matrix products are several times faster."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return any(line.startswith("flags") and " amx_bf16" in line for line in f)
-    except OSError:
-        return False
-
-
-def set_threads(cfg: Config, ctx: DistContext) -> None:
-    if ctx.device.type != "cpu":
-        return
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
-        return
-    if ctx.local_world == 1 and os.environ.get("OMP_NUM_THREADS", "").isdigit():
-        # a single process respects the usual variable (several jobs sharing a machine); under
-        # torchrun it is set to 1 for every process by default, so there the cores are shared out
-        torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
-        return
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - non-Linux
-        cores = os.cpu_count() or 1
-    torch.set_num_threads(max(1, cores // max(1, ctx.local_world)))
-
-
 def prepare_codec(cfg: Config, run_dir: str, ctx: DistContext) -> Codec:
     """The run folder's vocabularies; rank 0 learns them first when they are missing."""
     codec = load_codec(cfg, run_dir)
@@ -121,25 +95,6 @@ def prepare_codec(cfg: Config, run_dir: str, ctx: DistContext) -> Codec:
     return codec
 
 
-def init_from(model: EncoderDecoder, path: str, codec: Codec) -> set[str]:
-    """Copy every parameter the checkpoint shares with ``model``; return the copied names."""
-    ckpt = load_checkpoint(path)
-    if ckpt["codec"]["src_vocab"] != codec.src_vocab.itos or ckpt["codec"]["tgt_vocab"] != codec.tgt_vocab.itos:
-        raise UserError(f"train.init_from: {path} was trained with other vocabularies than this run's; "
-                        f"use the same run folder vocabularies (copy its vocab files into log.dir)")
-    own = model.state_dict()
-    copied = set()
-    for name, tensor in ckpt["model"].items():
-        if name in own:
-            if own[name].shape != tensor.shape:
-                raise UserError(f"train.init_from: parameter {name} has shape {tuple(tensor.shape)} in "
-                                f"{path} but {tuple(own[name].shape)} in this model")
-            own[name].copy_(tensor)
-            copied.add(name)
-    log.info("init_from %s: copied %d of %d tensors", path, len(copied), len(own))
-    return {n for n, _ in model.named_parameters() if n in copied}
-
-
 class Trainer:
     def __init__(self, cfg: Config, ctx: DistContext):
         self.cfg, self.ctx = cfg, ctx
@@ -149,14 +104,15 @@ class Trainer:
         random.seed(cfg.train.seed)
         self.codec = prepare_codec(cfg, self.run_dir, ctx)
         self.model = build_model(cfg.model, self.codec).to(ctx.device)
-        scaled = init_from(self.model, cfg.train.init_from, self.codec) if cfg.train.init_from else set()
+        groups = initial_param_groups(self.model, cfg.train, self.codec)   # train.init_from's weights
         if ctx.rank:  # same initial weights everywhere, a different dropout stream per rank
             torch.manual_seed(cfg.train.seed + ctx.rank)
-        self.losses: list[Loss] = build_losses(cfg.loss, codec=self.codec, config=cfg, run_dir=self.run_dir)
-        self.optimizer = build_optimizer(cfg.optim, param_groups(self.model.named_parameters(), scaled,
-                                                                 cfg.train.init_lr_scale))
+        self.losses: list[Loss] = build_losses(cfg.loss, codec=self.codec)
+        # the per-example fields the losses ask for (e.g. z*), cached next to the binarized data
+        self.fields = loss_fields(self.losses, FieldContext(self.codec, data_cache_dir(cfg, self.run_dir)))
+        self.optimizer = build_optimizer(cfg.optim, groups)
         self.schedule = build_schedule(cfg.optim.schedule, cfg.model.d_model, cfg.train.max_steps)
-        self.amp_dtype = self._amp_dtype()
+        self.amp_dtype = amp_dtype(cfg.train.amp, ctx.device)
         self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
         self.train_examples, self.valid_examples, self.valid_docs = self._load_data()
         self.sampler = BatchSampler(self.train_examples, cfg.train.batch_tokens, cfg.train.seed,
@@ -167,44 +123,26 @@ class Trainer:
         self.early = EarlyStopping(cfg.train.early_stopping_metric, cfg.train.early_stopping)
         self.pending = StepStats()
         self._maybe_resume()
-        self.ddp = (DistributedDataParallel(self.model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
-                    if ctx.enabled else None)
+        device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+        self.ddp = DistributedDataParallel(self.model, device_ids=device_ids) if ctx.enabled else None
         log.info("model: %s encoder + %s decoder, unit %s, %.2fM parameters, device %s, %d process(es), "
                  "%d threads, %s", cfg.model.encoder.type, cfg.model.decoder.type, self.model.unit,
                  self.model.n_params() / 1e6, ctx.device, ctx.world, torch.get_num_threads(),
                  f"{str(self.amp_dtype).replace('torch.', '')} mixed precision" if self.amp_dtype else "float32")
 
     # ------------------------------------------------------------------ setup
-    def _amp_dtype(self) -> Optional[torch.dtype]:
-        """auto: bf16 autocast on GPUs (fp16 where bf16 is missing), float32 on CPUs. On CPUs with
-        AMX, ``bf16`` is faster for models of d_model >= 256 but slower for tiny ones (the casts
-        dominate), so it is opt-in there (docs/benchmarks.md has the measurements)."""
-        amp, device = self.cfg.train.amp, self.ctx.device.type
-        if amp == "fp32":
-            return None
-        if device == "cuda":
-            if amp == "fp16" or (amp == "auto" and not torch.cuda.is_bf16_supported()):
-                return torch.float16
-            return torch.bfloat16
-        if amp == "fp16":
-            log.warning("train.amp=fp16 ignored: CPUs use bf16 mixed precision (train.amp=bf16)")
-            return None
-        if amp == "bf16" and not cpu_has_amx_bf16():
-            log.warning("train.amp=bf16 on a CPU without AMX: bf16 is emulated and likely slower")
-        return torch.bfloat16 if amp == "bf16" else None
-
     def _load_data(self) -> tuple[list[Example], list[Example], list]:
         src, tgt = require_train_paths(self.cfg)
         unit = self.model.unit
-        train, train_docs = load_examples(self.cfg, self.codec, src, tgt, unit, self.run_dir)
+        train_fields, valid_fields = self.fields
+        train, _ = load_examples(self.cfg, self.codec, src, tgt, unit, self.run_dir, fields=train_fields)
         if not train:
             raise UserError(f"{src}: no training examples (all filtered by data.max_len?)")
-        for loss in self.losses:   # per-token data a loss reads from Batch.extra (e.g. z*)
-            loss.prepare(train, train_docs)
         valid, valid_docs = [], []
         v = self.cfg.data.valid
         if v.src and v.tgt:
-            valid, _ = load_examples(self.cfg, self.codec, v.src, v.tgt, unit, self.run_dir, filter_long=False)
+            valid, _ = load_examples(self.cfg, self.codec, v.src, v.tgt, unit, self.run_dir, filter_long=False,
+                                     fields=valid_fields)
             valid_docs = read_parallel(v.src, v.tgt, self.cfg.data.documents, self.cfg.data.max_line_chars)
         elif v.src or v.tgt:
             raise ConfigError("data.valid needs both src and tgt (or neither)")
@@ -318,9 +256,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ training
     def _autocast(self):
-        if self.amp_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.ctx.device.type, dtype=self.amp_dtype)
+        return autocast(self.ctx.device, self.amp_dtype)
 
     def _losses(self, batch, training: bool) -> tuple[torch.Tensor, dict]:
         out = (self.ddp or self.model)(batch) if training else self.model(batch)

@@ -28,7 +28,6 @@ from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import iter_parallel
 from onmt_doc.data.instances import Example, build_instances
 from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, PAD_ID, SOS_ID
-from onmt_doc.evaluation.bleu import report
 from onmt_doc.models.model import EncoderDecoder
 from onmt_doc.translate.scoring import sentence_log_probs
 from onmt_doc.translate.search import build_search
@@ -277,8 +276,9 @@ class Translator:
 
     # ------------------------------------------------------------------ files
     def run_files(self, src: str, output: IO[str], tgt: Optional[str] = None, score: bool = False,
-                  on_document: Optional[Callable[[int], None]] = None) -> Optional[dict]:
-        """Translate (or score) ``src`` into ``output``; with ``tgt`` return BLEU/chrF(/d-BLEU)."""
+                  on_document: Optional[Callable[[int], None]] = None) -> Optional[tuple[list, list]]:
+        """Translate (or score) ``src`` into ``output``; with ``tgt`` (translating) return the best
+        hypotheses and the references, per document, for the caller's metrics (``evaluation.bleu.report``)."""
         documents = self.cfg.data.documents
         self.stats = TranslationStats()
         items = iter_parallel(src, tgt, documents, self.cfg.data.max_line_chars)
@@ -301,13 +301,13 @@ class Translator:
             output.write("".join(line + "\n" for line in out))
             output.flush()
             if tgt and not score:
-                hyp_docs.append([line.split("\t")[0] for line in out])   # BLEU of the best hypothesis
+                hyp_docs.append([line.split("\t")[0] for line in out])   # metrics of the best hypothesis
             if on_document:
                 on_document(n)
         if self.stats != TranslationStats():
             log.warning(f"{src}: {self.stats.summary()}")
         if tgt and not score:
-            return report(hyp_docs, refs, documents)
+            return hyp_docs, refs
         return None
 
 

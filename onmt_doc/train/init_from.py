@@ -1,0 +1,44 @@
+"""Starting a run from another run's weights (``train.init_from``).
+
+Checkpoint surgery kept out of the trainer: copy every parameter the checkpoint shares with the
+new model (same name, same shape, same vocabularies) and give the copied ones their own learning
+rate group (``train.init_lr_scale``), so fine-tuning can move pretrained weights more gently.
+"""
+from __future__ import annotations
+
+import logging
+
+from onmt_doc.config import TrainConfig
+from onmt_doc.data.codec import Codec
+from onmt_doc.errors import UserError
+from onmt_doc.models.checkpoint import load_checkpoint
+from onmt_doc.models.model import EncoderDecoder
+from onmt_doc.optim.optimizers import param_groups
+
+log = logging.getLogger("onmt_doc")
+
+
+def init_from(model: EncoderDecoder, path: str, codec: Codec) -> set[str]:
+    """Copy every parameter the checkpoint shares with ``model``; return the copied names."""
+    ckpt = load_checkpoint(path)
+    if ckpt["codec"]["src_vocab"] != codec.src_vocab.itos or ckpt["codec"]["tgt_vocab"] != codec.tgt_vocab.itos:
+        raise UserError(f"train.init_from: {path} was trained with other vocabularies than this run's; "
+                        f"use the same run folder vocabularies (copy its vocab files into log.dir)")
+    own = model.state_dict()
+    copied = set()
+    for name, tensor in ckpt["model"].items():
+        if name in own:
+            if own[name].shape != tensor.shape:
+                raise UserError(f"train.init_from: parameter {name} has shape {tuple(tensor.shape)} in "
+                                f"{path} but {tuple(own[name].shape)} in this model")
+            own[name].copy_(tensor)
+            copied.add(name)
+    log.info("init_from %s: copied %d of %d tensors", path, len(copied), len(own))
+    return {n for n, _ in model.named_parameters() if n in copied}
+
+
+def initial_param_groups(model: EncoderDecoder, cfg: TrainConfig, codec: Codec) -> list[dict]:
+    """The optimizer's parameter groups of a new run, after copying ``cfg.init_from``'s weights
+    into ``model`` (when set): copied parameters learn at ``cfg.init_lr_scale`` × lr."""
+    scaled = init_from(model, cfg.init_from, codec) if cfg.init_from else set()
+    return param_groups(model.named_parameters(), scaled, cfg.init_lr_scale)
