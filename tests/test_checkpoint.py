@@ -5,12 +5,11 @@ import sys
 
 import pytest
 import torch
+from conftest import REPO, run_cli, tiny_config
 
 from onmt_doc.config import config_from_dict
 from onmt_doc.errors import UserError
 from onmt_doc.models.checkpoint import load_checkpoint, load_model, save_checkpoint
-
-from conftest import REPO, run_cli, tiny_config
 
 
 def test_checkpoint_holds_plain_data_and_loads_with_weights_only(trained_run):
@@ -42,7 +41,8 @@ def test_average_checkpoints_tool(trained_run, tmp_path):
     b["model"] = {k: v + 1.0 if v.is_floating_point() else v for k, v in a["model"].items()}
     save_checkpoint(b, str(tmp_path / "b.pt"))
     proc = run_cli(sys.executable, str(REPO / "tools" / "average_checkpoints.py"), "-models",
-                   str(trained_run / "checkpoints" / "last.pt"), str(tmp_path / "b.pt"), "-output", str(tmp_path / "avg.pt"))
+                   str(trained_run / "checkpoints" / "last.pt"), str(tmp_path / "b.pt"),
+                   "-output", str(tmp_path / "avg.pt"))
     assert proc.returncode == 0, proc.stderr
     avg = load_checkpoint(str(tmp_path / "avg.pt"))
     for k, v in a["model"].items():
@@ -53,10 +53,10 @@ def test_average_checkpoints_tool(trained_run, tmp_path):
 
 def test_init_from_copies_shared_parameters_and_scales_their_lr(trained_run, toy_dir, tmp_path):
     """A deeper model initialised from the trained one: layers 0-1 copied, layer 2 new."""
+    import shutil
+
     from onmt_doc.train.distributed import DistContext
     from onmt_doc.train.trainer import Trainer
-
-    import shutil
     run = tmp_path / "ft"
     run.mkdir()
     for f in ("vocab.txt", "subword.model"):

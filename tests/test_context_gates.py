@@ -12,6 +12,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import REPO, module_cmd, run_cli, tiny_config, write_config
+from model_helpers import random_batch, random_model, toy_codec
+from test_cli import assert_one_line_error
+from test_decoding import SIZES, assert_stepwise_matches
 
 from onmt_doc.bin.common import run as run_command
 from onmt_doc.config import config_from_dict
@@ -20,22 +24,15 @@ from onmt_doc.data.fields import FieldContext, build_field
 from onmt_doc.data.instances import Example, mark_sentence
 from onmt_doc.data.prepare import build_codec
 from onmt_doc.data.vocab import EOS_ID, PAD_ID
-from onmt_doc.errors import UserError
+from onmt_doc.errors import ConfigError, UserError
 from onmt_doc.evaluation.gate_analysis import analyse_gates
-from onmt_doc.losses.gate_hinge import gate_hinge
-from onmt_doc.modules.gates import OutputNormResidual
+from onmt_doc.losses.gate_hinge import PMIGateHinge, PMIGateHingeConfig, gate_hinge
 from onmt_doc.models.checkpoint import load_model
 from onmt_doc.models.model import full_log_probs
-from onmt_doc.errors import ConfigError
-from onmt_doc.losses.gate_hinge import PMIGateHinge, PMIGateHingeConfig
+from onmt_doc.modules.gates import OutputNormResidual
 from onmt_doc.pmi import PairCounts, PMITable, attach_z_star, build_table, count_table, z_star, z_star_share
 from onmt_doc.train import distributed
 from onmt_doc.train.trainer import Trainer, train
-
-from conftest import REPO, module_cmd, run_cli, tiny_config, write_config
-from model_helpers import random_batch, random_model, toy_codec
-from test_cli import assert_one_line_error
-from test_decoding import SIZES, assert_stepwise_matches
 
 ENCODER = {"type": "transformer", "layers": 1, "heads": 4, "ff": 64}
 
@@ -208,7 +205,8 @@ def test_gated_layer_follows_eqs_2_to_4():
         c = model.decoder.embeddings(batch.tgt_in)
         kv = layer.cross_attn.memory_kv(enc.memory)
         out, z = layer(c, kv, enc.attention_mask())
-        ln = lambda module, v: F.layer_norm(v, v.shape[-1:], module.norm.weight, module.norm.bias)
+        def ln(module, v):
+            return F.layer_norm(v, v.shape[-1:], module.norm.weight, module.norm.bias)
         t = c + ln(layer.self_res, layer.self_attn(c, is_causal=True))                 # t = rn∘ln∘att
         s = ln(layer.cross_res, layer.cross_attn.cross(t, kv, enc.attention_mask()))   # s = ln∘att
         want_z = torch.sigmoid(torch.cat([t, s], -1) @ layer.cross_res.gate.weight.T + layer.cross_res.gate.bias)
@@ -411,7 +409,8 @@ def test_gate_analysis_matches_forced_decoding(tmp_path):
     result = analyse_gates(model, codec, cfg, src, tgt, table, batch_tokens=64)
     s_ids = codec.encode(Path(src).read_text().splitlines(), "src")
     t_ids = codec.encode(Path(tgt).read_text().splitlines(), "tgt")
-    batch = collate([Example(mark_sentence(s), mark_sentence(t), i, 0, 1) for i, (s, t) in enumerate(zip(s_ids, t_ids))])
+    batch = collate([Example(mark_sentence(s), mark_sentence(t), i, 0, 1)
+                     for i, (s, t) in enumerate(zip(s_ids, t_ids))])
     with torch.no_grad():
         lp = full_log_probs(model, batch)
         gates = model(batch).aux["gates"]
@@ -423,7 +422,8 @@ def test_gate_analysis_matches_forced_decoding(tmp_path):
     words = [slice(1, 1 + len(t)) for t in t_ids]
     z_ref = z_star(table, s_ids, t_ids)
     z_pred = z_star(table, s_ids, t_ids, queries=[pred[row, w].numpy() for row, w in enumerate(words)])
-    context_errors = sum(int((errors[row, w].numpy() & (z_pred[row] != z_ref[row])).sum()) for row, w in enumerate(words))
+    context_errors = sum(int((errors[row, w].numpy() & (z_pred[row] != z_ref[row])).sum())
+                         for row, w in enumerate(words))
     assert result["tokens"] == int(real.sum())
     assert result["FER"] == pytest.approx(100.0 * float(errors.sum()) / float(real.sum()))
     assert result["CER"] == pytest.approx(100.0 * context_errors / float(real.sum()))

@@ -2,27 +2,23 @@
 saves, leftovers of interrupted saves, checkpoints that cannot be resumed, one-line errors."""
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-import torch
+from conftest import module_cmd, run_cli, tiny_config, write_config
+from test_cli import assert_one_line_error
 
 from onmt_doc.config import config_from_dict
 from onmt_doc.errors import ConfigError, UserError
 from onmt_doc.models.checkpoint import average_checkpoints, load_checkpoint, save_checkpoint
 from onmt_doc.train.distributed import DistContext
 from onmt_doc.train.trainer import Trainer, train
-
-from conftest import REPO, module_cmd, run_cli, tiny_config, write_config
-from test_cli import assert_one_line_error
 
 TRAIN = module_cmd("onmt_doc.bin.train")
 
@@ -168,7 +164,7 @@ def test_sigterm_saves_once_at_the_next_step_boundary(toy_dir, data, run, tmp_pa
     err = "".join(lines.lines)
     assert "Traceback" not in err, err
     assert err.count("INFO] saved ") == 1 and "SIGTERM received" in err, err
-    stopped = [l for l in lines.lines if "stopped at step" in l]
+    stopped = [line for line in lines.lines if "stopped at step" in line]
     assert len(stopped) == 1, err
     step = int(stopped[0].split("stopped at step ")[1].split(":")[0])
     assert step > 4 and last_step(run) == step

@@ -6,12 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_cli, tiny_config, write_config
 
 from onmt_doc.config import config_from_dict
 from onmt_doc.models.checkpoint import load_checkpoint
 from onmt_doc.train.trainer import train
-
-from conftest import run_cli, tiny_config, write_config
 
 
 def small_corpus(toy: Path, out: Path, lines: int = 120) -> Path:
