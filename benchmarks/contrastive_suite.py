@@ -23,8 +23,7 @@ import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from common import thread_env
 
 
 def report(args) -> int:
@@ -32,7 +31,7 @@ def report(args) -> int:
 
     data = os.path.join(args.runs, "data")
     write_toy_suite(data, seed=1, test_docs=145)
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    env = thread_env(args.threads)
     rows = {}
     for name in sorted(os.listdir(args.runs)):
         ckpt = os.path.join(args.runs, name, "checkpoints", "last.pt")

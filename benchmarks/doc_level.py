@@ -3,10 +3,11 @@
 training time of sentence- and document-level systems trained with the same recipe.
 
   python benchmarks/doc_level.py [--out runs/bench_doc] [--systems sent doc_transformer g_scratch
-                                  sent_pretrained g_finetuned hm_scratch hm_finetuned] [--steps 800] [--pretrain-steps 1200]
-                                  [--finetune-steps 400] [--d-model 256] [--layers 3] [--threads 2]
+                                  sent_pretrained g_finetuned hm_scratch hm_finetuned] [--steps 800]
+                                  [--pretrain-steps 1200] [--finetune-steps 400] [--d-model 256] [--layers 3]
+                                  [--threads 2] [--data ../shared/data]
 
-Data (../shared/data, see its README):
+Data (``--data``, by default ../shared/data beside the repository, see its README):
 - document training: the three `*.dev` sets, minus the last 4 documents of each, which are the
   validation set; test: each `*.test`, reported per domain;
 - sentence pre-training (for `sent_pretrained`, the model `g_finetuned` starts from): multi30k
@@ -36,18 +37,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DATA = os.path.normpath(os.path.join(REPO, "..", "shared", "data"))
+from common import add_data_argument, copy_vocab, read_json, run_streamed, scores, write_json, write_yaml
+
 DOMAINS = ("ted", "news", "europarl")
 HELD_OUT_DOCS = 4
 
 
 def read_docs(path: str) -> list[list[str]]:
+    """Documents of a file in which blank lines separate documents."""
     docs, cur = [], []
     with open(path, encoding="utf-8") as f:
         for line in f:
@@ -67,8 +67,9 @@ def write_docs(path: str, docs: list[list[str]]) -> None:
         f.write("\n\n".join("\n".join(d) for d in docs) + "\n")
 
 
-def prepare(out: str) -> str:
-    """Write the training, validation and pre-training files; return the data folder."""
+def prepare(out: str, shared: str) -> str:
+    """Write the training, validation and pre-training files from the ``shared`` data sets;
+    return the data folder."""
     data = os.path.join(out, "data")
     if os.path.exists(os.path.join(data, "done")):
         return data
@@ -76,8 +77,8 @@ def prepare(out: str) -> str:
     train = {"en": [], "de": []}
     valid = {"en": [], "de": []}
     for domain in DOMAINS:
-        src = read_docs(os.path.join(DATA, "docmt-en-de", f"{domain}.dev.en"))
-        tgt = read_docs(os.path.join(DATA, "docmt-en-de", f"{domain}.dev.de"))
+        src = read_docs(os.path.join(shared, "docmt-en-de", f"{domain}.dev.en"))
+        tgt = read_docs(os.path.join(shared, "docmt-en-de", f"{domain}.dev.de"))
         assert [len(d) for d in src] == [len(d) for d in tgt], domain
         for side, docs in (("en", src), ("de", tgt)):
             train[side] += docs[:-HELD_OUT_DOCS]
@@ -86,8 +87,8 @@ def prepare(out: str) -> str:
         write_docs(os.path.join(data, f"train.{side}"), train[side])
         write_docs(os.path.join(data, f"valid.{side}"), valid[side])
         with open(os.path.join(data, f"pretrain.{side}"), "w", encoding="utf-8") as f:
-            for path in (os.path.join(DATA, "multi30k-en-de", f"train.{side}"),
-                         os.path.join(DATA, "news-sent-en-de", f"newstest2008-2013.{side}")):
+            for path in (os.path.join(shared, "multi30k-en-de", f"train.{side}"),
+                         os.path.join(shared, "news-sent-en-de", f"newstest2008-2013.{side}")):
                 with open(path, encoding="utf-8") as g:
                     f.writelines(line for line in g if line.strip())
             f.writelines(s + "\n" for d in train[side] for s in d)
@@ -96,6 +97,7 @@ def prepare(out: str) -> str:
 
 
 def model_section(args, encoder: str, decoder: str, **extra) -> list[str]:
+    """Overrides of the model shape, the same for every system."""
     o = [f"model.d_model={args.d_model}", f"model.encoder.type={encoder}", f"model.decoder.type={decoder}"]
     for side in ("encoder", "decoder"):
         o += [f"model.{side}.layers={args.layers}", f"model.{side}.heads={args.heads}", f"model.{side}.ff={args.ff}"]
@@ -103,10 +105,11 @@ def model_section(args, encoder: str, decoder: str, **extra) -> list[str]:
 
 
 def g_parts(args, group: bool) -> dict:
+    """G-Transformer switches: group attention on (with global layers) or off."""
     extra = {"model.encoder.group_attention": str(group).lower(), "model.decoder.group_attention": str(group).lower()}
     if group:
-        extra.update({"model.encoder.global_layers": args.global_layers, "model.decoder.global_layers": args.global_layers,
-                      "model.decoder.global_cross_layers": args.global_layers})
+        extra.update({f"model.{side}.global_layers": args.global_layers for side in ("encoder", "decoder")})
+        extra["model.decoder.global_cross_layers"] = args.global_layers
     return extra
 
 
@@ -117,7 +120,8 @@ def systems(args, data: str, out: str) -> dict:
     steps = [f"train.max_steps={args.steps}"]
     return {
         "sent": doc_data + steps + model_section(args, "transformer", "transformer"),
-        "doc_transformer": doc_data + steps + model_section(args, "g_transformer", "g_transformer", **g_parts(args, False)),
+        "doc_transformer": doc_data + steps + model_section(args, "g_transformer", "g_transformer",
+                                                            **g_parts(args, False)),
         "g_scratch": doc_data + steps + model_section(args, "g_transformer", "g_transformer", **g_parts(args, True),
                                                       **{"model.word_dropout": 0.3}),
         # data.documents stays true: the pre-training file (no blank lines) is one stream of
@@ -160,12 +164,9 @@ BASE = {
 
 
 def run(cmd: list[str], log_path: str, threads: int) -> float:
+    """Wall seconds of ``cmd`` (its output in ``log_path``; exit on failure)."""
     t0 = time.time()
-    with open(log_path, "w") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
-                              env={**os.environ, "OMP_NUM_THREADS": str(threads)})
-    if proc.returncode:
-        raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}; see {log_path}")
+    run_streamed(cmd, log_path, threads, header=False)
     return time.time() - t0
 
 
@@ -186,13 +187,11 @@ def main() -> int:
                    help="HM-GDC document windows (data.max_sentences; 0 = whole documents)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--test-docs", type=int, default=0, help="first N documents of each test set (0 = all; smoke tests)")
+    add_data_argument(p)
     args = p.parse_args()
     out = os.path.abspath(args.out)
-    data = prepare(out)
-    import yaml
-    base = os.path.join(out, "base.yaml")
-    with open(base, "w") as f:
-        yaml.safe_dump({**BASE, "train": {**BASE["train"], "threads": args.threads}}, f)
+    data = prepare(out, args.data)
+    base = write_yaml({**BASE, "train": {**BASE["train"], "threads": args.threads}}, os.path.join(out, "base.yaml"))
     vocab_dir = os.path.join(out, "vocab")
     if not os.path.exists(os.path.join(vocab_dir, "vocab.txt")):
         run([sys.executable, "-m", "onmt_doc.bin.build_vocab", "-config", base, f"log.dir={vocab_dir}",
@@ -202,26 +201,23 @@ def main() -> int:
     table = systems(args, data, out)
     for name in args.systems:
         run_dir = os.path.join(out, name)
-        os.makedirs(run_dir, exist_ok=True)
-        for f in ("subword.model", "vocab.txt"):
-            shutil.copy(os.path.join(vocab_dir, f), os.path.join(run_dir, f))
+        copy_vocab(vocab_dir, run_dir)
         seconds = run([sys.executable, "-m", "onmt_doc.bin.train", "-config", base, f"log.dir={run_dir}",
                        *table[name]], os.path.join(run_dir, "train.log"), args.threads)
         row = {"train_s": seconds, "overrides": table[name]}
         for domain in DOMAINS:
-            src, ref = _test_files(data, domain, args.test_docs)
+            src, ref = _test_files(args.data, data, domain, args.test_docs)
             hyp = os.path.join(run_dir, f"{domain}.hyp")
             log = os.path.join(run_dir, f"{domain}.translate.log")
             t = run([sys.executable, "-m", "onmt_doc.bin.translate", "-model",
                      os.path.join(run_dir, "checkpoints", "last.pt"), "-src", src, "-tgt", ref,
                      "-output", hyp], log, args.threads)
-            scores = _scores(log)
-            row[domain] = {**scores, "translate_s": t}
-        results = json.load(open(results_path)) if os.path.exists(results_path) else {}
+            row[domain] = {**_scores(log), "translate_s": t}
+        results = read_json(results_path, {})
         results[name] = row   # re-read first: several runs of this script may share OUT
-        json.dump(results, open(results_path, "w"), indent=1)
+        write_json(results_path, results)
         print(json.dumps({name: row}), file=sys.stderr)
-    results = json.load(open(results_path))
+    results = read_json(results_path)
     print("| system | train time | " + " | ".join(f"{d} s-BLEU | {d} d-BLEU" for d in DOMAINS) + " |")
     print("|---|---|" + "---|---|" * len(DOMAINS))
     for name, row in results.items():
@@ -230,8 +226,9 @@ def main() -> int:
     return 0
 
 
-def _test_files(data: str, domain: str, n_docs: int) -> tuple[str, str]:
-    paths = [os.path.join(DATA, "docmt-en-de", f"{domain}.test.{side}") for side in ("en", "de")]
+def _test_files(shared: str, data: str, domain: str, n_docs: int) -> tuple[str, str]:
+    """A domain's test files, or (``n_docs``) their first documents, written under ``data``."""
+    paths = [os.path.join(shared, "docmt-en-de", f"{domain}.test.{side}") for side in ("en", "de")]
     if not n_docs:
         return paths[0], paths[1]
     out = [os.path.join(data, f"{domain}.test{n_docs}.{side}") for side in ("en", "de")]
@@ -242,10 +239,9 @@ def _test_files(data: str, domain: str, n_docs: int) -> tuple[str, str]:
 
 def _scores(log_path: str) -> dict:
     """Parse the 'BLEU x | chrF y | D-BLEU z' line that onmt_doc_translate -tgt prints."""
-    text = open(log_path).read().strip().splitlines()
-    line = next(l for l in reversed(text) if l.startswith("BLEU"))
-    parts = dict(p.strip().split(" ", 1) for p in line.split("|"))
-    return {"bleu": float(parts["BLEU"]), "chrf": float(parts["chrF"]), "d_bleu": float(parts["D-BLEU"])}
+    with open(log_path, encoding="utf-8") as f:
+        parts = scores(f.read())
+    return {"bleu": parts["BLEU"], "chrf": parts["chrF"], "d_bleu": parts["D-BLEU"]}
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ and ``<out>/results.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import re
@@ -38,15 +37,13 @@ import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+import torch
+from common import REPO, thread_env, write_json
 
-import torch  # noqa: E402
-
-from onmt_doc.errors import UserError  # noqa: E402
-from onmt_doc.models.checkpoint import load_checkpoint  # noqa: E402
-from onmt_doc.toy_corpus import write_corpus  # noqa: E402
-from onmt_doc.train.run_folder import PARTIAL  # noqa: E402
+from onmt_doc.errors import UserError
+from onmt_doc.models.checkpoint import load_checkpoint
+from onmt_doc.toy_corpus import write_corpus
+from onmt_doc.train.run_folder import PARTIAL
 
 MAX_STEPS, SAVE_EVERY, KEEP_LAST = 40, 3, 2
 
@@ -72,9 +69,8 @@ def write_config(path: str, data: str, run_dir: str, keep_last: int = KEEP_LAST)
 
 
 def start(config: str, log_path: str) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, "-m", "onmt_doc.bin.train", "-config", config],
-                            stdout=subprocess.DEVNULL, stderr=open(log_path, "w"), env=env, cwd=REPO)
+                            stdout=subprocess.DEVNULL, stderr=open(log_path, "w"), env=thread_env(1), cwd=REPO)
 
 
 def partial_files(run_dir: str) -> list[str]:
@@ -196,7 +192,8 @@ def trial(index: int, args, data: str, ref_dir: str, ref_seconds: float, train_s
     results["orphan_bytes_at_end"] += orphan_bytes(run_dir)
 
 
-def sigterm_run(index: int, args, data: str, ref_dir: str, ref_seconds: float, rng: random.Random, results: dict) -> None:
+def sigterm_run(index: int, args, data: str, ref_dir: str, ref_seconds: float, rng: random.Random,
+                results: dict) -> None:
     run_dir = os.path.join(args.out, f"sigterm_{index:02d}")
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir)
@@ -267,8 +264,7 @@ def main() -> None:
     for i in range(args.sigterms):
         sigterm_run(i, args, data, ref_dir, ref_seconds, rng, results)
     results["seconds"] = round(time.time() - start_time, 1)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    write_json(os.path.join(args.out, "results.json"), results)
     r = results
     print(f"| SIGKILLs (resumed after each) | {r['kills']} in {r['trials']} trials; where: "
           + ", ".join(f"{k} {v}" for k, v in sorted(r["where"].items())) + " |")
@@ -277,7 +273,8 @@ def main() -> None:
           f"of {r['checked_after_kill']} |")
     print(f"| final state differing from the uninterrupted run | {len(r['final_differed'])} of {r['trials']} |")
     print(f"| resumes that failed | {len(r['final_failures'])} |")
-    print(f"| largest orphaned bytes right after a kill (removed by the next start) | {r['orphan_bytes_after_kill_max']} |")
+    print("| largest orphaned bytes right after a kill (removed by the next start) | "
+          f"{r['orphan_bytes_after_kill_max']} |")
     print(f"| orphaned bytes in all run folders at the end | {r['orphan_bytes_at_end']} |")
     print(f"| SIGTERMs: exit 143, steps lost, differing | {r['sigterm_runs'] - r['sigterm_finished_first']} stopped "
           f"({r['sigterm_finished_first']} finished first), {len(r['sigterm_bad_exit'])} bad exits, "

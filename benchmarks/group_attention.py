@@ -26,11 +26,11 @@ import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from common import thread_env, write_json
 
 
 def _rss_kib() -> int:
+    """Current resident memory (the peak counter cannot go down between measurements)."""
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
 
@@ -129,11 +129,9 @@ def attention_only(args) -> dict:
 def one(args) -> dict:
     """Runs in the child process: build, measure, print JSON."""
     import torch
+    from synthetic import benchmark_codec
 
     from onmt_doc.config import config_from_dict
-    from onmt_doc.data.codec import Codec
-    from onmt_doc.data.tokenizer import Subword
-    from onmt_doc.data.vocab import SPECIALS, Vocab
     from onmt_doc.models.builder import build_model
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -146,9 +144,7 @@ def one(args) -> dict:
     cfg = config_from_dict({"model": {"d_model": args.d_model, "dropout": 0.1, "attention_dropout": 0.0,
                                       "encoder": part,
                                       "decoder": {**part, "global_cross_layers": args.global_layers}}})
-    vocab = Vocab(list(SPECIALS) + [f"w{i}" for i in range(8000)])
-    sw = Subword("none", "none")
-    model = build_model(cfg.model, Codec(sw, sw, vocab, vocab)).train()
+    model = build_model(cfg.model, benchmark_codec()).train()
     batch = make_batch(args.length, args.batch, seed=1)
     weight = torch.randn(batch.tgt_in.size(1), args.d_model)
 
@@ -186,7 +182,7 @@ def _child(args, what: str, variant: str, length: int) -> dict:
     for key in ("batch", "d_model", "layers", "heads", "ff", "global_layers", "threads", "repeats"):
         cmd += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
     out = subprocess.run(cmd, capture_output=True, text=True,
-                         env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
+                         env=thread_env(args.threads))
     if out.returncode:
         raise SystemExit(out.stderr)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -240,8 +236,7 @@ def main() -> int:
             for variant in variants:   # interleaved, so host noise hits all alike
                 rows.append(_child(args, what, variant, length))
                 print(json.dumps(rows[-1]), file=sys.stderr)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+    write_json(os.path.join(args.out, "results.json"), {"args": vars(args), "rows": rows})
     _table(rows, args.lengths)
     return 0
 

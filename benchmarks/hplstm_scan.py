@@ -12,17 +12,13 @@ the winner (``onmt_doc.modules.hplstm.linear_scan``); the others live here only.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 from typing import Callable
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from onmt_doc.modules.hplstm import LinearScan, linear_scan, scan_backward_loop, scan_forward_loop  # noqa: E402
+from onmt_doc.modules.hplstm import LinearScan, linear_scan, scan_backward_loop, scan_forward_loop
 
 Scan = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -123,7 +119,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     lengths = [int(x) for x in args.lengths.split(",")]
     print(f"torch {torch.__version__}, {args.threads} threads, ~{args.tokens} tokens per batch, 4 heads × 64")
-    print("\nexactness: max |difference| / max |value| against a float64 step-by-step loop (c, dL/df, dL/dh_r), T = 256")
+    print("\nexactness: max |difference| / max |value| against a float64 step-by-step loop "
+          "(c, dL/df, dL/dh_r), T = 256")
     for name, scan in CANDIDATES.items():
         errs = [max_error(scan, 256, bias) for bias in (0.0, -8.0, 8.0)]
         print(f"  {name:40s} f≈0.5: {errs[0]:.1e}   f≈3e-4: {errs[1]:.1e}   f≈0.9997: {errs[2]:.1e}")

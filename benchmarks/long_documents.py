@@ -16,12 +16,9 @@ import random
 import time
 
 import torch
+from synthetic import placeholder_codec, random_model
 
-from onmt_doc.config import config_from_dict
-from onmt_doc.data.codec import Codec
-from onmt_doc.data.tokenizer import Subword
-from onmt_doc.data.vocab import EOS_ID, EOS_SENT_ID, SPECIALS, Vocab
-from onmt_doc.models.builder import build_model
+from onmt_doc.data.vocab import EOS_ID, EOS_SENT_ID
 from onmt_doc.translate.translator import Translator
 
 WORDS = 200
@@ -40,13 +37,9 @@ def make_translator(model_section: dict, beam: int, window_sentences: int = 0, e
     """A random-weight d=64 model with the training defaults (data.max_tokens 512, max_sentences 0);
     ``end_bias`` raises the output bias of ``</s>``/``<eos>`` so that outputs end at a realistic
     length instead of running to the length cap."""
-    torch.manual_seed(0)
-    vocab = Vocab(list(SPECIALS) + [f"w{i}" for i in range(WORDS)])
-    sw = Subword("none", "none")
-    codec = Codec(sw, sw, vocab, vocab)
-    cfg = config_from_dict({"model": {"d_model": 64, "dropout": 0.0, "attention_dropout": 0.0, **model_section},
-                            "translate": {"beam": beam, "window_sentences": window_sentences}})
-    model = build_model(cfg.model, codec).eval()
+    codec = placeholder_codec(WORDS)
+    model, cfg = random_model({"d_model": 64, **model_section}, codec,
+                              translate={"beam": beam, "window_sentences": window_sentences})
     with torch.no_grad():
         model.generator.bias[[EOS_SENT_ID, EOS_ID]] += end_bias
     return Translator(model, codec, cfg)
@@ -78,7 +71,8 @@ def main() -> None:
                         "for sizes up to this")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    rows = [(name, make_translator(MODELS[name], args.beam, end_bias=args.end_bias), args.sizes) for name in args.models]
+    rows = [(name, make_translator(MODELS[name], args.beam, end_bias=args.end_bias), args.sizes)
+            for name in args.models]
     old = [n for n in args.sizes if n <= args.whole_document_up_to] if "HM-GDC (context)" in args.models else []
     print("| model | " + " | ".join(f"{n:,} sent./doc (ms/sent.)" for n in args.sizes) + " |")
     print("|---|" + "---|" * len(args.sizes))

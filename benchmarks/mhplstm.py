@@ -7,8 +7,8 @@ CPU scale): same encoder, sizes, vocabulary, batches, schedule and steps.
    alternating step by step in one process (median), so machine drift hits both alike;
 3. decoding speed (beam 4, 32 sentences per batch), models alternating per batch, by source
    length bucket (≤15, 15–30, 30–45, >45 subwords; test2016 first, newstest sentences to fill
-   the long buckets), overall = all bucket sentences, and on long outputs (a 4-beam decode forced to run 128 steps, with the
-   per-step beam reordering beam search does);
+   the long buckets), overall = all bucket sentences, and on long outputs (a 4-beam decode forced
+   to run 128 steps, with the per-step beam reordering beam search does);
 4. parameters and BLEU of test2016 (``onmt_doc_translate``).
 
     flock /tmp/onmt_bench.lock python benchmarks/mhplstm.py --out runs/bench_mhplstm --steps 300
@@ -18,26 +18,32 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import re
-import shutil
 import statistics
-import sys
 import time
 
 import torch
+from common import (
+    base_config,
+    bleu,
+    last_validation,
+    log,
+    logged_tok_rate,
+    machine,
+    multi30k,
+    prepare_run,
+    recipe_arguments,
+    timed,
+    tool,
+    write_results,
+    write_yaml,
+)
+from synthetic import forced_long_decode
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-
-from context_gates import M30K, base_config, log, prepare_run, recipe_arguments, timed, write_results, write_yaml  # noqa: E402
-
-NEWS = "/work/shared/data/news-sent-en-de/newstest2008-2013.en"
 BUCKETS = [(0, 15), (15, 30), (30, 45), (45, 10 ** 6)]
 
 
-def model_configs(args, out: str) -> dict[str, dict]:
+def model_configs(args: argparse.Namespace, out: str) -> dict[str, dict]:
+    """The two models' configs: the same recipe, only the decoder type differs."""
     shape = {"layers": args.layers, "heads": 4, "ff": 4 * args.d_model}
     configs = {}
     for name, decoder in (("transformer", {"type": "transformer", **shape}),
@@ -49,31 +55,28 @@ def model_configs(args, out: str) -> dict[str, dict]:
     return configs
 
 
-def train_and_score(args, out: str, name: str, cfg: dict) -> dict:
+def train_and_score(args: argparse.Namespace, out: str, name: str, cfg: dict) -> dict:
     """Train (unless a checkpoint exists) and translate test2016; parameters, BLEU, log rate."""
-    run_dir = cfg["log"]["dir"]
     path, ckpt = prepare_run(cfg, out, name)
     row: dict = {"config": path, "checkpoint": ckpt}
     if not os.path.exists(ckpt):
-        cmd = [shutil.which("onmt_doc_train") or "onmt_doc_train", "-config", path]
-        row["train_seconds"], _, err = timed(cmd, f"{out}/{name}_train.log", args.threads)
+        row["train_seconds"], _, err = timed([*tool("onmt_doc_train"), "-config", path], f"{out}/{name}_train.log",
+                                             args.threads)
     else:
         with open(f"{out}/{name}_train.log", encoding="utf-8") as f:
             err = f.read()
-    rates = [float(r) for r in re.findall(r"(\d+) tgt tok/s", err)]
-    row["logged_tok_per_s"] = statistics.median(rates[1:] or rates) if rates else None
-    valid = re.findall(r"validation at step \d+: (.*)", err)
-    row["valid"] = valid[-1] if valid else ""
-    cmd = [shutil.which("onmt_doc_translate") or "onmt_doc_translate", "-model", ckpt, "-src",
-           f"{M30K}/test2016.en", "-tgt", f"{M30K}/test2016.de", "-beam", "4", "-threads", str(args.threads),
-           "-output", f"{out}/{name}/test.hyp"]
+    row["logged_tok_per_s"] = logged_tok_rate(err)
+    row["valid"] = last_validation(err)
+    m30k = multi30k(args.data)
+    cmd = [*tool("onmt_doc_translate"), "-model", ckpt, "-src", f"{m30k}/test2016.en", "-tgt", f"{m30k}/test2016.de",
+           "-beam", "4", "-threads", str(args.threads), "-output", f"{out}/{name}/test.hyp"]
     translated = f"{out}/{name}_translate.log"
     if os.path.exists(f"{out}/{name}/test.hyp") and os.path.exists(translated):   # a finished run
         with open(translated, encoding="utf-8") as f:
             err = f.read()
     else:
         _, _, err = timed(cmd, translated, args.threads)
-    row["bleu"] = float(re.search(r"BLEU ([\d.]+)", err).group(1))
+    row["bleu"] = bleu(err)
     return row
 
 
@@ -93,11 +96,11 @@ def sentence_batches(codec, lines: list[str], size: int = 32):
     return [collate(examples[i:i + size]) for i in range(0, len(examples), size)]
 
 
-def bucket_sentences(codec, per_bucket: int) -> dict[str, list[str]]:
+def bucket_sentences(codec, per_bucket: int, data: str) -> dict[str, list[str]]:
     """Up to ``per_bucket`` sentences per source-subword bucket: test2016 first, newstest after."""
     out: dict[str, list[str]] = {f"{lo}-{hi}" if hi < 10 ** 6 else f">{lo}": [] for lo, hi in BUCKETS}
     keys = list(out)
-    for path in (f"{M30K}/test2016.en", NEWS):
+    for path in (f"{multi30k(data)}/test2016.en", f"{data}/news-sent-en-de/newstest2008-2013.en"):
         with open(path, encoding="utf-8") as f:
             for line in f:
                 line = line.strip()
@@ -133,26 +136,8 @@ def time_decoding(models: dict, batches: list, rounds: int) -> dict[str, dict[st
             for name in models}
 
 
-@torch.no_grad()
-def forced_long_decode(model, batch, steps: int) -> None:
-    """A 4-beam decode that runs ``steps`` steps whatever the model predicts: generator, top-k and
-    the within-sentence beam reordering of every step, as in beam search."""
-    k = 4
-    n = batch.size
-    state = model.init_state(model.encode(batch), batch).reorder(torch.arange(n).repeat_interleave(k))
-    tokens = torch.full((n * k,), 1, dtype=torch.long)
-    scores = torch.zeros(n, k)
-    for _ in range(steps):
-        lp, state = model.step(tokens, state)
-        cand = (scores.view(-1, 1) + lp).view(n, -1)
-        top, ids = cand.topk(k, dim=1)
-        vocab = lp.size(-1)
-        rows = (ids // vocab + torch.arange(n)[:, None] * k).view(-1)
-        state = state.reorder(rows, same_sources=True)
-        tokens, scores = (ids % vocab).view(-1).clamp(min=4), top
-
-
 def time_long_outputs(models: dict, batch, steps: int, rounds: int) -> dict[str, float]:
+    """Sentences/s of a forced ``steps``-step 4-beam decode per model (alternating, median)."""
     seconds = {name: [] for name in models}
     for _ in range(rounds):
         for name, model in models.items():
@@ -211,12 +196,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
-    results: dict = {"args": vars(args), "torch": torch.__version__,
-                     "machine": f"{platform.processor() or platform.machine()}, {len(os.sched_getaffinity(0))} cores visible"}
+    results: dict = {"args": vars(args), "torch": torch.__version__, "machine": machine()}
     vocab_cfg = write_yaml(base_config(args, f"{out}/vocab"), f"{out}/vocab/config.yaml")
     if not os.path.exists(f"{out}/vocab/vocab.txt"):
-        timed([shutil.which("onmt_doc_build_vocab") or "onmt_doc_build_vocab", "-config", vocab_cfg],
-              f"{out}/build_vocab.log", args.threads)
+        timed([*tool("onmt_doc_build_vocab"), "-config", vocab_cfg], f"{out}/build_vocab.log", args.threads)
     configs = model_configs(args, out)
     rows = {name: train_and_score(args, out, name, cfg) for name, cfg in configs.items()}
     log(f"trained and scored: {rows}")
@@ -229,7 +212,7 @@ def main() -> None:
     for name in rows:
         rows[name]["train_tok_per_s"] = rows_tok[name]
     log(f"training speed: {rows_tok}")
-    buckets = bucket_sentences(codec, args.per_bucket)
+    buckets = bucket_sentences(codec, args.per_bucket, args.data)
     decoding = {}
     overall = {name: {"seconds": 0.0, "out_tokens": 0.0} for name in models}
     for key, lines in buckets.items():
@@ -260,7 +243,8 @@ def render(results: dict) -> str:
              f"| parameters | {t['params']:,} | {h['params']:,} | {h['params'] / t['params']:.3f} | |",
              f"| training: target tokens/s (fwd+bwd+Adam, alternating, median) | {t['train_tok_per_s']:.0f} | "
              f"{h['train_tok_per_s']:.0f} | {h['train_tok_per_s'] / t['train_tok_per_s']:.2f}× | ≥ 1.1× |",
-             f"| training: tgt tok/s as onmt_doc_train logged it (runs not interleaved) | {t['logged_tok_per_s']:.0f} | "
+             "| training: tgt tok/s as onmt_doc_train logged it (runs not interleaved) | "
+             f"{t['logged_tok_per_s']:.0f} | "
              f"{h['logged_tok_per_s']:.0f} | {h['logged_tok_per_s'] / t['logged_tok_per_s']:.2f}× | |"]
     for key, row in d.items():
         goal = "≥ 1.7×" if key.startswith("overall") else ("more than overall" if key.startswith((">", "long")) else "")

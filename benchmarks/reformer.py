@@ -18,51 +18,45 @@ parameter counts (eq. 8 units of d_model²: Transformer 3+3 layers = 84, Reforme
 The run holds ``/tmp/onmt_bench.lock`` (as ``flock`` does) after building the vocabulary, so
 benchmarks never overlap.
 
-    python benchmarks/reformer.py --out runs/bench_reformer --steps 100 --threads 1 --test-lines 200 --speed-lines 100   # ~10 min
+    python benchmarks/reformer.py --out runs/bench_reformer --steps 100 --threads 1 --test-lines 200 \
+        --speed-lines 100   # ~10 min
     python benchmarks/reformer.py --out runs/bench_reformer_smoke --steps 5 --rounds 1 --speed-lines 20 \
         --test-lines 20
 """
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
-import platform
-import re
-import shutil
 import statistics
-import subprocess
 import sys
 
+from common import (
+    add_data_argument,
+    bleu,
+    head,
+    hold_lock,
+    log,
+    logged_tok_rate,
+    machine,
+    multi30k,
+    params_m,
+    prepare_run,
+    read_json,
+    run_streamed,
+    tool,
+    translate_seconds,
+    validation_metrics,
+    write_results,
+    write_yaml,
+)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from context_gates import log, prepare_run, write_results, write_yaml  # noqa: E402
-
-M30K = "/work/shared/data/multi30k-en-de"
-LOCK = "/tmp/onmt_bench.lock"
 PAPER_SPEED = {"reformer_base": 0.47, "reformer_fast": 0.73}
 GOAL_FAST = 0.75
 
 
-def run_logged(cmd: list[str], log_path: str, threads: int) -> str:
-    """Run ``cmd``, its output streamed to ``log_path`` (to follow a long run); returns that output."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    log("$ " + " ".join(cmd))
-    with open(log_path, "w", encoding="utf-8") as f:
-        f.write(" ".join(cmd) + "\n")
-        f.flush()
-        proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, text=True)
-    with open(log_path, encoding="utf-8") as f:
-        text = f.read()
-    if proc.returncode:
-        sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}; see {log_path}")
-    return text
-
-
 def model_sections(d: int) -> dict[str, dict]:
+    """The compared models' encoder/decoder sections at d_model ``d`` (similar parameter counts)."""
     ff, heads = 4 * d, 4
     layer = {"heads": heads, "ff": ff}
     return {"transformer": {"encoder": {"type": "transformer", "layers": 3, **layer},
@@ -76,10 +70,12 @@ def model_sections(d: int) -> dict[str, dict]:
                                   "decoder": {"type": "reformer", "layers": 1, **layer}}}
 
 
-def config(args, run_dir: str, section: dict) -> dict:
+def config(args: argparse.Namespace, run_dir: str, section: dict) -> dict:
+    """One model's config; the recipe (data, vocabulary, schedule, batches) is the same for all."""
+    m30k = multi30k(args.data)
     return {
-        "data": {"train": {"src": f"{M30K}/train.en", "tgt": f"{M30K}/train.de"},
-                 "valid": {"src": f"{M30K}/valid.en", "tgt": f"{M30K}/valid.de"}, "documents": False,
+        "data": {"train": {"src": f"{m30k}/train.en", "tgt": f"{m30k}/train.de"},
+                 "valid": {"src": f"{m30k}/valid.en", "tgt": f"{m30k}/valid.de"}, "documents": False,
                  "cache_dir": f"{args.out}/cache"},      # tokenized once for all models
         "vocab": {"subword": "bpe", "size": 8000, "shared": True},
         "model": {"d_model": args.d_model, "dropout": 0.1, "attention_dropout": 0.1, **section},
@@ -93,58 +89,47 @@ def config(args, run_dir: str, section: dict) -> dict:
     }
 
 
-def head(path: str, lines: int, out: str, tag: str = "test") -> str:
-    """The first ``lines`` lines of ``path``, as a file under ``out``."""
-    dest = os.path.join(out, f"{tag}.{lines}.{path.rsplit('.', 1)[-1]}")
-    with open(path, encoding="utf-8") as f, open(dest, "w", encoding="utf-8") as g:
-        g.writelines(f.readlines()[:lines])
-    return dest
-
-
 def train_row(text: str) -> dict:
     """Validation metrics, parameters and steady-state training speed from a training log."""
-    speeds = [float(x) for x in re.findall(r"\| (\d+) tgt tok/s", text)]
-    valid = re.findall(r"validation at step \d+: loss ([\d.]+) \| ppl ([\d.]+) \| acc ([\d.]+)", text)
-    params = re.search(r"([\d.]+)M parameters", text)
-    return {"train_tok_s": statistics.median(speeds[1:] or speeds) if speeds else float("nan"),
-            "valid_loss": float(valid[-1][0]), "valid_ppl": float(valid[-1][1]), "valid_acc": float(valid[-1][2]),
-            "params_m": float(params.group(1))}
+    rate = logged_tok_rate(text)
+    valid = validation_metrics(text)
+    return {"train_tok_s": rate if rate is not None else float("nan"), "valid_loss": valid["loss"],
+            "valid_ppl": valid["ppl"], "valid_acc": valid["acc"], "params_m": params_m(text)}
 
 
-def translate(args, ckpt: str, src: str, out: str, log_path: str, ref: str = "") -> tuple[float, float]:
+def translate(args: argparse.Namespace, ckpt: str, src: str, out: str, log_path: str,
+              ref: str = "") -> tuple[float, float]:
     """(seconds of translation without model loading, BLEU or nan)."""
-    cmd = [shutil.which("onmt_doc_translate") or "onmt_doc_translate", "-model", ckpt, "-src", src,
+    cmd = [*tool("onmt_doc_translate"), "-model", ckpt, "-src", src,
            "-output", out, "-beam", str(args.beam), "-threads", str(args.threads)]
-    text = run_logged(cmd + (["-tgt", ref] if ref else []), log_path, args.threads)
-    seconds = float(re.search(r"translated .* in ([\d.]+)s", text).group(1))
-    bleu = re.search(r"BLEU ([\d.]+)", text)
-    return seconds, float(bleu.group(1)) if bleu else float("nan")
+    text = run_streamed(cmd + (["-tgt", ref] if ref else []), log_path, args.threads)
+    score = bleu(text)
+    return translate_seconds(text), score if score is not None else float("nan")
 
 
-def memory_per_token(args, sections: dict[str, dict]) -> dict:
+def memory_per_token(args: argparse.Namespace, sections: dict[str, dict]) -> dict:
     """Activation bytes saved for backward per target token on one training-sized batch of
     multi30k-like lengths, for each model, and for the Reformers with ``checkpoint_layers``."""
-    cmd = [sys.executable, os.path.join(REPO, "benchmarks", "reformer.py"), "--measure-memory",
+    cmd = [sys.executable, os.path.abspath(__file__), "--measure-memory",
            json.dumps({"d_model": args.d_model, "sections": sections})]
-    text = run_logged(cmd, os.path.join(args.out, "memory.log"), args.threads)
+    text = run_streamed(cmd, os.path.join(args.out, "memory.log"), args.threads)
     return json.loads(text.strip().splitlines()[-1])
 
 
 def measure_memory(spec: str) -> None:
     """Child process of ``memory_per_token``: prints one JSON line."""
     import torch
-
-    sys.path.insert(0, os.path.join(REPO, "tests"))
-    from model_helpers import random_batch, random_model
+    from synthetic import placeholder_codec, random_model, sized_batch
 
     spec_d = json.loads(spec)
-    batch = random_batch([(14, 14)] * 32)                 # ~multi30k: 16+ subwords with markup
+    batch = sized_batch([(14, 14)] * 32, words=40)       # ~multi30k: 16+ subwords with markup
+    codec = placeholder_codec(40)
     result = {}
     variants = [(n, s) for n, s in spec_d["sections"].items()]
     variants += [(f"{n}+checkpoint_layers", {**s, "decoder": {**s["decoder"], "checkpoint_layers": True}})
                  for n, s in spec_d["sections"].items() if s["decoder"]["type"] == "reformer"]
     for name, section in variants:
-        model, _ = random_model({"d_model": spec_d["d_model"], **section})
+        model, _ = random_model({"d_model": spec_d["d_model"], **section}, codec)
         model.train()
         params = {q.untyped_storage().data_ptr() for q in model.parameters()}
         storages: dict[int, int] = {}      # each activation storage once (views and re-saves share it)
@@ -170,7 +155,7 @@ def measure_memory(spec: str) -> None:
     print(json.dumps(result))
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/bench_reformer")
     p.add_argument("--steps", type=int, default=200)
@@ -185,7 +170,12 @@ def main() -> None:
     p.add_argument("--test-lines", type=int, default=1000, help="test2016 sentences translated for BLEU")
     p.add_argument("--models", default="transformer,reformer_base,reformer_fast")
     p.add_argument("--measure-memory", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    add_data_argument(p)
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     if args.measure_memory:
         measure_memory(args.measure_memory)
         return
@@ -193,42 +183,14 @@ def main() -> None:
     out = args.out
     os.makedirs(out, exist_ok=True)
     results: dict = {"args": {k: v for k, v in vars(args).items() if k != "measure_memory"},
-                     "machine": f"{platform.processor() or platform.machine()}, "
-                                f"{len(os.sched_getaffinity(0))} cores visible", "models": {}}
+                     "machine": machine(), "models": {}}
     vocab_cfg = write_yaml(config(args, f"{out}/vocab", {}), f"{out}/vocab/config.yaml")
     if not os.path.exists(f"{out}/vocab/vocab.txt"):
-        run_logged([shutil.which("onmt_doc_build_vocab") or "onmt_doc_build_vocab", "-config", vocab_cfg],
-                   f"{out}/build_vocab.log", args.threads)
-    lock = open(LOCK, "a")
-    log(f"waiting for {LOCK} (other benchmarks)")
-    fcntl.flock(lock, fcntl.LOCK_EX)          # held until exit: no other benchmark runs meanwhile
-    log("lock acquired")
+        run_streamed([*tool("onmt_doc_build_vocab"), "-config", vocab_cfg], f"{out}/build_vocab.log", args.threads)
+    _lock = hold_lock()      # held until exit: no other benchmark runs meanwhile
     sections = {k: v for k, v in model_sections(args.d_model).items() if k in args.models.split(",")}
-    test_src, test_ref = head(f"{M30K}/test2016.en", args.test_lines, out), head(f"{M30K}/test2016.de", args.test_lines, out)
-    speed_src = head(f"{M30K}/test2016.en", args.speed_lines, out, "speed")
-    ckpts = {}
-    for name, section in sections.items():
-        run_dir = f"{out}/{name}/run"
-        path, ckpts[name] = prepare_run(config(args, run_dir, section), out, name)
-        log_path = f"{out}/{name}_train.log"
-        if os.path.exists(ckpts[name]):
-            with open(log_path, encoding="utf-8") as f:
-                text = f.read()
-        else:
-            text = run_logged([shutil.which("onmt_doc_train") or "onmt_doc_train", "-config", path], log_path, args.threads)
-        row = train_row(text)
-        _, row["bleu"] = translate(args, ckpts[name], test_src, f"{out}/{name}/test.hyp",
-                                   f"{out}/{name}_translate.log", test_ref)
-        results["models"][name] = row
-        log(f"{name}: {row}")
-    times: dict[str, list[float]] = {n: [] for n in sections}
-    for r in range(args.rounds):
-        order = list(sections) if r % 2 == 0 else list(sections)[::-1]
-        for name in order:
-            seconds, _ = translate(args, ckpts[name], speed_src, f"{out}/{name}/speed.hyp",
-                                   f"{out}/{name}_speed{r}.log")
-            times[name].append(seconds)
-            log(f"round {r} {name}: {seconds:.1f}s")
+    ckpts = {name: train_and_score(args, out, name, section, results) for name, section in sections.items()}
+    times = time_decoding(args, out, ckpts)
     for name in sections:
         row = results["models"][name]
         row["decode_s"], row["decode_runs"] = statistics.median(times[name]), times[name]
@@ -239,13 +201,44 @@ def main() -> None:
     write_results(out, results, render)
 
 
+def train_and_score(args: argparse.Namespace, out: str, name: str, section: dict, results: dict) -> str:
+    """Train one model (unless its run has a checkpoint) and translate the test lines (BLEU); its
+    row goes to ``results["models"]``; returns the checkpoint."""
+    m30k = multi30k(args.data)
+    test_src, test_ref = (head(f"{m30k}/test2016.{lang}", args.test_lines, out) for lang in ("en", "de"))
+    path, ckpt = prepare_run(config(args, f"{out}/{name}/run", section), out, name)
+    log_path = f"{out}/{name}_train.log"
+    if os.path.exists(ckpt):
+        with open(log_path, encoding="utf-8") as f:
+            text = f.read()
+    else:
+        text = run_streamed([*tool("onmt_doc_train"), "-config", path], log_path, args.threads)
+    row = train_row(text)
+    _, row["bleu"] = translate(args, ckpt, test_src, f"{out}/{name}/test.hyp", f"{out}/{name}_translate.log", test_ref)
+    results["models"][name] = row
+    log(f"{name}: {row}")
+    return ckpt
+
+
+def time_decoding(args: argparse.Namespace, out: str, ckpts: dict[str, str]) -> dict[str, list[float]]:
+    """Seconds of each round's translation of the speed lines per model, the models alternating
+    (and reversing their order every other round) so that machine drift hits all alike."""
+    speed_src = head(f"{multi30k(args.data)}/test2016.en", args.speed_lines, out, "speed")
+    times: dict[str, list[float]] = {n: [] for n in ckpts}
+    for r in range(args.rounds):
+        order = list(ckpts) if r % 2 == 0 else list(ckpts)[::-1]
+        for name in order:
+            seconds, _ = translate(args, ckpts[name], speed_src, f"{out}/{name}/speed.hyp",
+                                   f"{out}/{name}_speed{r}.log")
+            times[name].append(seconds)
+            log(f"round {r} {name}: {seconds:.1f}s")
+    return times
+
+
 def merge_earlier(results: dict, path: str) -> None:
     """Keep the rows of models that an earlier run into the same folder measured and this one did
     not (``--models`` subsets); each row keeps its own speed ratio."""
-    if not os.path.exists(path):
-        return
-    with open(path, encoding="utf-8") as f:
-        earlier = json.load(f)
+    earlier = read_json(path, {})
     for key in ("models", "memory"):
         results[key] = {**{k: v for k, v in earlier.get(key, {}).items() if k not in results[key]}, **results[key]}
 
@@ -258,13 +251,14 @@ def render(results: dict) -> str:
              f"warmup {a['warmup']}); beam {a['beam']}; decoding speed: median of {a['rounds']} alternating "
              f"translations of the first {a['speed_lines']} test2016 sentences (32 per batch); BLEU on the first "
              f"{a['test_lines']} test2016 sentences.", "",
-             "| system | params | valid ppl | valid acc % | test2016 BLEU | train tgt tok/s | decode s | decoding speed vs Transformer | paper |",
+             "| system | params | valid ppl | valid acc % | test2016 BLEU | train tgt tok/s | decode s "
+             "| decoding speed vs Transformer | paper |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in models.items():
         rel = r.get("decode_vs_transformer", base["decode_s"] / r["decode_s"] if base else float("nan"))
         paper = f"{PAPER_SPEED[name]:.2f}×" if name in PAPER_SPEED else ("1×" if name == "transformer" else "–")
-        lines.append(f"| {name} | {r['params_m']:.2f}M | {r['valid_ppl']:.2f} | {r['valid_acc']:.1f} | {r['bleu']:.2f} | "
-                     f"{r['train_tok_s']:.0f} | {r['decode_s']:.1f} | {rel:.2f}× | {paper} |")
+        lines.append(f"| {name} | {r['params_m']:.2f}M | {r['valid_ppl']:.2f} | {r['valid_acc']:.1f} | "
+                     f"{r['bleu']:.2f} | {r['train_tok_s']:.0f} | {r['decode_s']:.1f} | {rel:.2f}× | {paper} |")
     if base and "reformer_fast" in models:
         fast = models["reformer_fast"]
         rel = fast.get("decode_vs_transformer", base["decode_s"] / fast["decode_s"])

@@ -22,24 +22,17 @@ predicts).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 import types
 
 import torch
+from synthetic import BENCHMARK_SHAPE, benchmark_codec, forced_long_decode, random_batch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-from mhplstm import forced_long_decode  # noqa: E402
-from train_step import BENCHMARK_SHAPE, benchmark_codec, random_batch  # noqa: E402
-
-from onmt_doc.config import config_from_dict  # noqa: E402
-from onmt_doc.losses import build_losses  # noqa: E402
-from onmt_doc.models.builder import build_model  # noqa: E402
-from onmt_doc.optim.optimizers import build_optimizer  # noqa: E402
+from onmt_doc.config import config_from_dict
+from onmt_doc.losses import build_losses
+from onmt_doc.models.builder import build_model
+from onmt_doc.optim.optimizers import build_optimizer
 
 
 def without_self_attention(model):
@@ -58,6 +51,7 @@ def without_self_attention(model):
 
 
 def build(decoder: dict, codec):
+    """The benchmark shape with ``decoder``, seeded weights, and its config (for the optimizer)."""
     torch.manual_seed(0)
     cfg = config_from_dict({"model": {**BENCHMARK_SHAPE, "decoder": decoder},
                             "optim": {"betas": [0.9, 0.998], "eps": 1e-8}})

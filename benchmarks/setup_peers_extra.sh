@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Extra installs on top of /work/shared/peers/setup_peers.sh so that `import onmt` works in the peers
+# Extra installs on top of ../shared/peers/setup_peers.sh so that `import onmt` works in the peers
 # venv: OpenNMT-py 3.5.1 is installed with --no-deps, and onmt/transforms/clean.py imports fasttext
 # (and other transforms import spacy) at `import onmt` time.
 # Usage: bash benchmarks/setup_peers_extra.sh [PEERS_DIR]   (default: $HOME/.cache/onmt-peers)

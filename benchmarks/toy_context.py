@@ -20,8 +20,7 @@ import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from common import REPO, score_line, thread_env, write_json
 
 HM_PART = "{type: hierarchical, layers: 2, heads: 4, ff: 256, doc_layers: 1}"
 HM_DEC = "{type: doc_context, layers: 2, heads: 4, ff: 256}"
@@ -63,7 +62,7 @@ def main() -> int:
         overrides += [f"log.dir={run_dir}", f"train.max_steps={args.steps}", f"train.valid_every={args.steps}",
                       f"train.save_every={args.steps}", "log.tensorboard=false", f"train.threads={args.threads}",
                       *SYSTEMS[name], *args.set]
-        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+        env = thread_env(args.threads)
         t0 = time.time()
         subprocess.run([sys.executable, "-m", "onmt_doc.bin.train", "-config", config, *overrides], check=True,
                        stdout=subprocess.DEVNULL, stderr=open(os.path.join(out, f"{name}.train.log"), "w"), env=env)
@@ -71,13 +70,14 @@ def main() -> int:
         hyp = os.path.join(run_dir, "test.hyp")
         res = subprocess.run([sys.executable, "-m", "onmt_doc.bin.translate", "-model",
                               os.path.join(run_dir, "checkpoints", "last.pt"), "-src", f"{data}/test.src",
-                              "-tgt", f"{data}/test.tgt", "-output", hyp], check=True, capture_output=True, text=True, env=env)
-        bleu_line = next(l for l in reversed(res.stderr.splitlines()) if l.startswith("BLEU"))
+                              "-tgt", f"{data}/test.tgt", "-output", hyp],
+                             check=True, capture_output=True, text=True, env=env)
+        bleu_line = score_line(res.stderr)
         ctx = score_context(hyp, os.path.join(data, "test.ctx"))
         rows[name] = {"train_s": train_s, "scores": bleu_line, "pronoun_acc": 100 * ctx["accuracy"],
                       "pronouns": ctx["total"]}
         print(json.dumps({name: rows[name]}), file=sys.stderr)
-    json.dump(rows, open(os.path.join(out, "results.json"), "w"), indent=1)
+    write_json(os.path.join(out, "results.json"), rows)
     print("| system | train time | scores | context-dependent pronouns |")
     print("|---|---|---|---|")
     for name, r in rows.items():

@@ -23,42 +23,14 @@ import statistics
 import time
 from typing import Callable
 
-import numpy as np
 import torch
+from synthetic import BENCHMARK_SHAPE, benchmark_codec, random_batch
 
 from onmt_doc.config import config_from_dict
-from onmt_doc.data.batching import collate
-from onmt_doc.data.codec import Codec
-from onmt_doc.data.instances import Example, mark_sentence
-from onmt_doc.data.tokenizer import Subword
-from onmt_doc.data.vocab import PAD_ID, SPECIALS, Vocab
+from onmt_doc.data.vocab import PAD_ID
 from onmt_doc.losses import build_losses
 from onmt_doc.models.builder import build_model
 from onmt_doc.optim.optimizers import build_optimizer
-
-
-BENCHMARK_SHAPE = {"d_model": 256, "encoder": {"layers": 3, "heads": 4, "ff": 1024},
-                   "decoder": {"type": "transformer", "layers": 3, "heads": 4, "ff": 1024}}
-
-
-def benchmark_codec() -> Codec:
-    """An 8k-entry vocabulary of placeholder words (speed measurements only)."""
-    vocab = Vocab(list(SPECIALS) + [f"w{i}" for i in range(8000)])
-    sw = Subword("none", "none")
-    return Codec(sw, sw, vocab, vocab)
-
-
-def random_batch(batch_tokens: int, lengths: tuple[int, int] = (8, 20), seed: int = 0):
-    """Random sentence pairs of Multi30k-like lengths (8–19 subwords) filling ``batch_tokens``
-    as the trainer counts them (rows × longest marked sentence)."""
-    rng = np.random.default_rng(seed)
-    first = len(SPECIALS)
-    examples, tokens = [], 0
-    while tokens <= batch_tokens:
-        src, tgt = (rng.integers(first, first + 8000, rng.integers(*lengths)) for _ in range(2))
-        examples.append(Example(mark_sentence(src), mark_sentence(tgt), 0, 0, 1))
-        tokens = len(examples) * max(max(len(e.src), len(e.tgt) + 1) for e in examples)
-    return collate(examples[:-1])
 
 
 def textbook_loss(out, batch, eps: float = 0.1):
