@@ -168,7 +168,7 @@ def count_pmi(args: argparse.Namespace, out: str, vocab_cfg: str, run) -> dict:
     """PMI counting: time and peak memory (and the memory of the imports alone)."""
     py = sys.executable
     count = [py, "tools/build_pmi_table.py", "-config", vocab_cfg]
-    _, base_rss, _ = run("imports", [py, "-c", "import onmt_doc.pmi, onmt_doc.data.prepare, torch"])
+    _, base_rss, _ = run("imports", [py, "-c", "import onmt_doc.data.pmi, onmt_doc.data.prepare, torch"])
     pmi = {"imports_rss_mib": base_rss}
     wall, rss, err = run("pmi_multi30k", [*count, "-output", f"{out}/pmi.npz"])
     _, _, err_ps = run("pmi_multi30k_per_scenario", [*count, "-output", f"{out}/pmi_per_scenario.npz",

@@ -27,7 +27,7 @@ from common import thread_env
 
 
 def report(args) -> int:
-    from onmt_doc.evaluation.toy_suite import write_toy_suite
+    from onmt_doc.toy.contrastive_suite import write_toy_suite
 
     data = os.path.join(args.runs, "data")
     write_toy_suite(data, seed=1, test_docs=145)
@@ -63,9 +63,9 @@ def speed(args) -> int:
     import torch
 
     from onmt_doc.evaluation.contrastive import evaluate_suite, read_suite
-    from onmt_doc.evaluation.toy_suite import toy_items
     from onmt_doc.models.checkpoint import load_model
-    from onmt_doc.toy_corpus import generate_documents
+    from onmt_doc.toy.contrastive_suite import toy_items
+    from onmt_doc.toy.corpus import generate_documents
     from onmt_doc.translate.translator import Translator
 
     torch.set_num_threads(args.threads)

@@ -42,7 +42,7 @@ from common import REPO, thread_env, write_json
 
 from onmt_doc.errors import UserError
 from onmt_doc.models.checkpoint import load_checkpoint
-from onmt_doc.toy_corpus import write_corpus
+from onmt_doc.toy.corpus import write_corpus
 from onmt_doc.train.run_folder import PARTIAL
 
 MAX_STEPS, SAVE_EVERY, KEEP_LAST = 40, 3, 2

@@ -49,7 +49,8 @@ def main() -> int:
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="extra config overrides for every system (ablations, e.g. model.encoder.doc_layers=2)")
     args = p.parse_args()
-    from onmt_doc.toy_corpus import score_context, write_corpus
+    from onmt_doc.evaluation.toy_pronouns import score_context
+    from onmt_doc.toy.corpus import write_corpus
     out = os.path.abspath(args.out)
     data = os.path.join(out, "data")
     write_corpus(data, seed=1)

@@ -246,7 +246,7 @@ def detok_scores(hyp_path: str, ref_path: str, subword_model: str) -> dict:
     """Detokenize space-separated subword hypotheses and score them as onmt_doc scores its output."""
     import pyonmttok
 
-    from onmt_doc.evaluation.bleu import chrf, s_bleu
+    from onmt_doc.evaluation.corpus_metrics import chrf, s_bleu
 
     tok = pyonmttok.Tokenizer("aggressive", joiner_annotate=True, bpe_model_path=subword_model)
     hyps = [tok.detokenize(line.split()) for line in read_lines(hyp_path)]

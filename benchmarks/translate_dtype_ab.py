@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from onmt_doc.evaluation.bleu import s_bleu
+from onmt_doc.evaluation.corpus_metrics import s_bleu
 from onmt_doc.models.checkpoint import load_model
 from onmt_doc.translate.translator import Translator, translator_options
 

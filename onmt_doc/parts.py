@@ -1,7 +1,12 @@
-"""What every encoder and decoder receives besides its own config section."""
+"""The interfaces encoders and decoders share: what every part receives besides its own config
+section (``PartContext``) and what an encoder hands to a decoder (``EncoderOut``), so decoders never
+import the encoders package."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
 
 from onmt_doc.modules.embeddings import Embeddings
 
@@ -13,3 +18,15 @@ class PartContext:
     attention_dropout: float
     src_embeddings: Embeddings
     tgt_embeddings: Embeddings
+
+
+@dataclass
+class EncoderOut:
+    memory: torch.Tensor                    # [B, S, D]
+    pad_mask: torch.Tensor                  # [B, S] True on padding
+    groups: Optional[torch.Tensor] = None   # [B, S] sentence tags (document models)
+    extra: dict = field(default_factory=dict)
+
+    def attention_mask(self) -> torch.Tensor:
+        """[B, 1, 1, S] keep-mask for attention over the memory."""
+        return (~self.pad_mask)[:, None, None, :]

@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from onmt_doc.toy_corpus import write_corpus
+from onmt_doc.toy.corpus import write_corpus
 
 # OMP_NUM_THREADS, when set, wins (several test runs sharing the cores); else at most 2 threads
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or min(2, os.cpu_count() or 1))

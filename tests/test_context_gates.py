@@ -22,6 +22,7 @@ from onmt_doc.config import config_from_dict
 from onmt_doc.data.batching import collate
 from onmt_doc.data.fields import FieldContext, build_field
 from onmt_doc.data.instances import Example, mark_sentence
+from onmt_doc.data.pmi import PairCounts, PMITable, attach_z_star, build_table, count_table, z_star, z_star_share
 from onmt_doc.data.prepare import build_codec
 from onmt_doc.data.vocab import EOS_ID, PAD_ID
 from onmt_doc.errors import ConfigError, UserError
@@ -29,8 +30,7 @@ from onmt_doc.evaluation.gate_analysis import analyse_gates
 from onmt_doc.losses.gate_hinge import PMIGateHinge, PMIGateHingeConfig, gate_hinge
 from onmt_doc.models.checkpoint import load_model
 from onmt_doc.models.model import full_log_probs
-from onmt_doc.modules.gates import OutputNormResidual
-from onmt_doc.pmi import PairCounts, PMITable, attach_z_star, build_table, count_table, z_star, z_star_share
+from onmt_doc.modules.context_gate import OutputNormResidual
 from onmt_doc.train import distributed
 from onmt_doc.train.trainer import Trainer, train
 

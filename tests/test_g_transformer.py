@@ -312,7 +312,7 @@ def test_finetuning_with_other_vocabularies_is_a_clear_error(trained_run, toy_di
 def test_small_g_transformer_learns_the_context_dependent_pronouns(toy_dir, tmp_path):
     """A sentence-level model cannot beat chance (~33%) on these pronouns by construction of the
     toy corpus (docs/benchmarks.md measures it); the G-Transformer must get most of them."""
-    from onmt_doc.toy_corpus import score_context
+    from onmt_doc.evaluation.toy_pronouns import score_context
     cfg = tiny_config(toy_dir, tmp_path, data={"max_tokens": 96},
                       model={"d_model": 64, "encoder": G_TINY["encoder"], "decoder": G_TINY["decoder"]},
                       train={"max_steps": 500, "batch_tokens": 1536, "valid_every": 500, "save_every": 500},

@@ -14,7 +14,7 @@ from onmt_doc.data.instances import context_instances
 from onmt_doc.data.vocab import PAD_ID, SPECIALS
 from onmt_doc.encoders.hierarchical import own_sentence_context
 from onmt_doc.errors import ConfigError
-from onmt_doc.evaluation.bleu import report
+from onmt_doc.evaluation.corpus_metrics import report
 from onmt_doc.models.checkpoint import load_model
 from onmt_doc.models.model import full_log_probs
 from onmt_doc.modules.attention import MultiHeadAttention, attention_probs
@@ -356,7 +356,8 @@ def test_small_hm_gdc_learns_context_dependent_pronouns_a_sentence_model_cannot(
     HM-GDC (own_sentence: each word reads its own slot of the document encoder) must be far above
     it, and the same model with every sentence alone (windows of one sentence) back at chance: the
     gain comes from the other sentences."""
-    from onmt_doc.toy_corpus import score_context, write_corpus
+    from onmt_doc.evaluation.toy_pronouns import score_context
+    from onmt_doc.toy.corpus import write_corpus
     data = tmp_path / "test"
     write_corpus(data, seed=11, train_docs=1, valid_docs=1, test_docs=300)
     model, saved, codec = load_model(str(hm_run / "checkpoints" / "last.pt"))

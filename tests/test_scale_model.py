@@ -11,7 +11,7 @@ from test_cli import assert_one_line_error
 
 from onmt_doc.config import config_from_dict, load_config
 from onmt_doc.errors import UserError
-from onmt_doc.scaling import layer_units, plan_scaling, scaled_config, solve_step, variant_overrides
+from onmt_doc.models.depth_width_scaling import layer_units, plan_scaling, scaled_config, solve_step, variant_overrides
 
 FAST = {"d_model": 256, "encoder": {"type": "transformer", "layers": 3, "heads": 4, "ff": 1024},
         "decoder": {"type": "reformer", "layers": 2, "heads": 4, "ff": 1024}}

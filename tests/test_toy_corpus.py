@@ -1,4 +1,4 @@
-"""Tests for the synthetic document-level toy corpus (onmt_doc.toy_corpus).
+"""Tests for the synthetic document-level toy corpus (onmt_doc.toy.corpus).
 
 The context rule is re-derived here from the reference text only (the gender
 is read off the first word of the previous target sentence), so a bug in the
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from onmt_doc.toy_corpus import score_context, write_corpus
+from onmt_doc.evaluation.toy_pronouns import score_context
+from onmt_doc.toy.corpus import write_corpus
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TOOL = REPO_ROOT / "tools" / "make_toy_corpus.py"

@@ -1,69 +1,10 @@
 #!/usr/bin/env python
-"""Count the PMI table of a training corpus for the pmi_gate_hinge loss (regularized context gates).
+"""``python tools/build_pmi_table.py …`` runs ``onmt_doc_build_pmi_table …``;
+the code is in ``onmt_doc/bin/build_pmi_table.py``.
 
-  python tools/build_pmi_table.py -config X.yaml -output runs/x/pmi.npz
-  python tools/build_pmi_table.py -src TRAIN.src -tgt TRAIN.tgt -config X.yaml -output table [key=value …]
-
-The corpus is tokenized with the run's subword model and vocabularies (``log.dir`` of the config;
-learned there first, as training would, when missing); ``-src``/``-tgt`` default to
-``data.train``. The table stores sorted pair ids and counts (``onmt_doc/pmi.py``); it holds no
-normaliser, so one table serves both. The last line is the share of the corpus's target tokens
-with z* = 1 under ``-normaliser`` (default: the config's ``pmi_gate_hinge`` loss, else ``shared``):
-what the regulariser will push the gates towards.
+Kept so the commands of older docs work; needs the package installed (``pip install -e .``).
 """
-from __future__ import annotations
-
-import argparse
-import os
-import sys
-import time
-
-try:
-    import onmt_doc  # noqa: F401
-except ImportError:  # run from a checkout without installing
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from onmt_doc.bin.common import ArgumentParser, add_config_args, run
-from onmt_doc.errors import UserError
-
-
-def _main(argv=None) -> int:
-    p = ArgumentParser(prog="build_pmi_table.py", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-src", "--src", help="source side of the training corpus (default: data.train.src)")
-    p.add_argument("-tgt", "--tgt", help="target side (default: data.train.tgt)")
-    p.add_argument("-output", "--output", required=True, help="table file to write (.npz)")
-    p.add_argument("-normaliser", "--normaliser", choices=["shared", "per_scenario"],
-                   help="Z of eq. 6 for the z* summary (default: the config's pmi_gate_hinge loss, else shared)")
-    add_config_args(p)
-    args = p.parse_args(argv)
-
-    from onmt_doc.config import load_config
-    from onmt_doc.data.prepare import build_codec, load_codec
-    from onmt_doc.pmi import build_table, tokenized_pairs, z_star_share
-    from onmt_doc.train.reporting import setup_logging
-
-    setup_logging()
-    cfg = load_config(args.config, args.overrides)
-    src, tgt = args.src or cfg.data.train.src, args.tgt or cfg.data.train.tgt
-    if not src or not tgt:
-        raise UserError("give -src and -tgt, or data.train.src and data.train.tgt in the config")
-    for flag, path in (("-src", src), ("-tgt", tgt)):
-        if not os.path.isfile(path):
-            raise UserError(f"{flag}: {path}: file not found")
-    codec = load_codec(cfg, cfg.log.dir) or build_codec(cfg, cfg.log.dir)
-    start = time.time()
-    normaliser = args.normaliser or next((getattr(c, "normaliser") for c in cfg.loss
-                                          if c.type == "pmi_gate_hinge"), "shared")
-    table = build_table(src, tgt, codec, cfg.data.documents, cfg.data.max_line_chars, normaliser)
-    table.save(args.output)
-    print(f"{table.n_pairs} sentence pairs: {len(table.bi_keys)} bilingual and {len(table.mono_keys)} "
-          f"monolingual type pairs, written to {args.output} in {time.time() - start:.1f} s", file=sys.stderr)
-    ones, total = z_star_share(table, tokenized_pairs(src, tgt, codec, cfg.data.documents, cfg.data.max_line_chars))
-    print(f"z* = 1 for {100.0 * ones / max(total, 1):.1f}% of {total:,} target tokens ({normaliser} normaliser)",
-          file=sys.stderr)
-    return 0
-
+from onmt_doc.bin.build_pmi_table import main
 
 if __name__ == "__main__":
-    raise SystemExit(run(_main))
+    raise SystemExit(main())

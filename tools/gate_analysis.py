@@ -1,72 +1,10 @@
 #!/usr/bin/env python
-"""Context-selection error analysis (regularized context gates, sec. 3.3–3.4) of a checkpoint.
+"""``python tools/gate_analysis.py …`` runs ``onmt_doc_gate_analysis …``;
+the code is in ``onmt_doc/bin/gate_analysis.py``.
 
-  python tools/gate_analysis.py -model runs/x/checkpoints/last.pt -src test.en -tgt test.de \
-      -table runs/x/pmi.npz [-output analysis.json]
-
-Forced decoding of the reference: FER, CER and CE/FE (in %) over the real target tokens, and for
-gated decoders the mean and variance of the gates (``onmt_doc/evaluation/gate_analysis.py``).
-The table must be built with the checkpoint's vocabularies (tools/build_pmi_table.py); z* uses
-``-normaliser`` (default: the checkpoint's ``pmi_gate_hinge`` loss, else ``shared``), reported as
-``normaliser`` in the output.
+Kept so the commands of older docs work; needs the package installed (``pip install -e .``).
 """
-from __future__ import annotations
-
-import argparse
-import json
-import os
-import sys
-
-try:
-    import onmt_doc  # noqa: F401
-except ImportError:  # run from a checkout without installing
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from onmt_doc.bin.common import ArgumentParser, run
-from onmt_doc.errors import UserError
-
-
-def _main(argv=None) -> int:
-    p = ArgumentParser(prog="gate_analysis.py", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-model", "--model", required=True, help="checkpoint")
-    p.add_argument("-src", "--src", required=True)
-    p.add_argument("-tgt", "--tgt", required=True)
-    p.add_argument("-table", "--table", required=True, help="PMI table (tools/build_pmi_table.py)")
-    p.add_argument("-normaliser", "--normaliser", choices=["shared", "per_scenario"],
-                   help="Z of eq. 6 for z* (default: the checkpoint's pmi_gate_hinge loss, else shared)")
-    p.add_argument("-output", "--output", help="also write the numbers as JSON here")
-    p.add_argument("-batch_tokens", "--batch_tokens", type=int, default=4096)
-    p.add_argument("-threads", "--threads", type=int, default=0, help="CPU threads (0 = torch's default)")
-    args = p.parse_args(argv)
-    if args.batch_tokens < 1:
-        raise UserError(f"-batch_tokens must be at least 1 (got {args.batch_tokens})")
-    for flag, path in (("-src", args.src), ("-tgt", args.tgt)):
-        if not os.path.isfile(path):
-            raise UserError(f"{flag}: {path}: file not found")
-
-    import torch
-
-    from onmt_doc.evaluation.gate_analysis import analyse_gates
-    from onmt_doc.models.checkpoint import load_model
-    from onmt_doc.pmi import PMITable
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model, cfg, codec = load_model(args.model)
-    normaliser = args.normaliser or next((getattr(c, "normaliser") for c in cfg.loss
-                                          if c.type == "pmi_gate_hinge"), "shared")
-    table = PMITable.load(args.table, codec, normaliser)
-    result = analyse_gates(model, codec, cfg, args.src, args.tgt, table, args.batch_tokens)
-    for key, value in result.items():
-        shown = [round(v, 4) for v in value] if isinstance(value, list) else (
-            f"{value:.4f}" if isinstance(value, float) else value)
-        print(f"{key}\t{shown}")
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
-    return 0
-
+from onmt_doc.bin.gate_analysis import main
 
 if __name__ == "__main__":
-    raise SystemExit(run(_main))
+    raise SystemExit(main())

@@ -52,7 +52,7 @@ def _main(argv: Optional[list[str]]) -> int:
     import torch
 
     from onmt_doc.errors import UserError
-    from onmt_doc.evaluation.bleu import report
+    from onmt_doc.evaluation.corpus_metrics import report
     from onmt_doc.models.checkpoint import load_model
     from onmt_doc.train.distributed import pick_device
     from onmt_doc.train.reporting import setup_logging

@@ -11,8 +11,8 @@ from torch import nn
 
 from onmt_doc.data.batching import Batch
 from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, MASK_ID, PAD_ID, SOS_ID, SPECIALS, UNK_ID
-from onmt_doc.encoders.base import EncoderOut
 from onmt_doc.modules.state import DecoderState
+from onmt_doc.parts import EncoderOut
 
 
 @dataclass

@@ -28,10 +28,9 @@ from onmt_doc.decoders.transformer import (
     TransformerDecoderLayer,
     TransformerState,
 )
-from onmt_doc.encoders.base import EncoderOut
 from onmt_doc.modules.attention import KV, MultiHeadAttention
 from onmt_doc.modules.document_packing import DocumentMemory, attend_documents, document_memory
-from onmt_doc.parts import PartContext
+from onmt_doc.parts import EncoderOut, PartContext
 
 
 @dataclass

@@ -26,9 +26,7 @@ from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, MASK_ID, PAD_ID, SO
 from onmt_doc.decoders import REGISTRY
 from onmt_doc.decoders.base import Decoder, DecoderOut, LengthLimit, force_tokens
 from onmt_doc.decoders.transformer import TransformerDecoderConfig, TransformerDecoderLayer
-from onmt_doc.encoders.base import EncoderOut
 from onmt_doc.modules.attention import KV, MultiHeadAttention
-from onmt_doc.modules.gate_sum import GateSum
 from onmt_doc.modules.group_attention import (
     COMBINED,
     GLOBAL,
@@ -39,8 +37,9 @@ from onmt_doc.modules.group_attention import (
     plan_cross,
     plan_self,
 )
+from onmt_doc.modules.local_global_gate import GateSum
 from onmt_doc.modules.state import DecoderState
-from onmt_doc.parts import PartContext
+from onmt_doc.parts import EncoderOut, PartContext
 
 # tokens that may not appear inside a sentence (</s> is handled separately, <unk> is a word)
 _NOT_WORDS = [PAD_ID, SOS_ID, BOS_ID, EOS_ID, MASK_ID]

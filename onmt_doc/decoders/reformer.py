@@ -18,7 +18,6 @@ from onmt_doc.config import Config, PartConfig, check_heads, option
 from onmt_doc.data.batching import Batch
 from onmt_doc.decoders import REGISTRY
 from onmt_doc.decoders.base import Decoder, DecoderOut, LengthLimit
-from onmt_doc.encoders.base import EncoderOut
 from onmt_doc.modules.attention import KV
 from onmt_doc.modules.dropout import Dropout
 from onmt_doc.modules.feedforward import FeedForward
@@ -33,7 +32,7 @@ from onmt_doc.modules.separable import (
     TargetAttention,
 )
 from onmt_doc.modules.state import DecoderState
-from onmt_doc.parts import PartContext
+from onmt_doc.parts import EncoderOut, PartContext
 
 
 @dataclass

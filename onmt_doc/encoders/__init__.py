@@ -3,7 +3,8 @@ from onmt_doc.registry import Registry
 
 REGISTRY = Registry("encoder")
 
-from onmt_doc.encoders.base import Encoder, EncoderOut  # noqa: E402
+from onmt_doc.encoders.base import Encoder  # noqa: E402
+from onmt_doc.parts import EncoderOut  # noqa: E402
 from onmt_doc.encoders import transformer  # noqa: E402,F401
 from onmt_doc.encoders import g_transformer  # noqa: E402,F401
 from onmt_doc.encoders import hierarchical  # noqa: E402,F401

@@ -1,25 +1,12 @@
-"""The encoder interface."""
+"""The encoder interface (its output, ``EncoderOut``, is in ``onmt_doc.parts``)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import ClassVar, Optional
+from typing import ClassVar
 
-import torch
 from torch import nn
 
 from onmt_doc.data.batching import Batch
-
-
-@dataclass
-class EncoderOut:
-    memory: torch.Tensor                    # [B, S, D]
-    pad_mask: torch.Tensor                  # [B, S] True on padding
-    groups: Optional[torch.Tensor] = None   # [B, S] sentence tags (document models)
-    extra: dict = field(default_factory=dict)
-
-    def attention_mask(self) -> torch.Tensor:
-        """[B, 1, 1, S] keep-mask for attention over the memory."""
-        return (~self.pad_mask)[:, None, None, :]
+from onmt_doc.parts import EncoderOut
 
 
 class Encoder(nn.Module):

@@ -9,8 +9,8 @@ from onmt_doc.config import PartConfig
 from onmt_doc.data.batching import Batch
 from onmt_doc.data.vocab import PAD_ID
 from onmt_doc.encoders import REGISTRY
-from onmt_doc.encoders.base import Encoder, EncoderOut
-from onmt_doc.parts import PartContext
+from onmt_doc.encoders.base import Encoder
+from onmt_doc.parts import EncoderOut, PartContext
 
 
 @dataclass

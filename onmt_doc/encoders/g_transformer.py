@@ -18,10 +18,9 @@ from onmt_doc.config import Config, check_top_layers, option
 from onmt_doc.data.batching import Batch
 from onmt_doc.data.vocab import PAD_ID
 from onmt_doc.encoders import REGISTRY
-from onmt_doc.encoders.base import Encoder, EncoderOut
+from onmt_doc.encoders.base import Encoder
 from onmt_doc.encoders.transformer import TransformerEncoderConfig, TransformerEncoderLayer
 from onmt_doc.modules.attention import MultiHeadAttention
-from onmt_doc.modules.gate_sum import GateSum
 from onmt_doc.modules.group_attention import (
     COMBINED,
     GLOBAL,
@@ -31,7 +30,8 @@ from onmt_doc.modules.group_attention import (
     group_attend,
     plan_self,
 )
-from onmt_doc.parts import PartContext
+from onmt_doc.modules.local_global_gate import GateSum
+from onmt_doc.parts import EncoderOut, PartContext
 
 
 @dataclass

@@ -30,7 +30,6 @@ from torch import nn
 from onmt_doc.config import Config, option
 from onmt_doc.data.batching import Batch
 from onmt_doc.encoders import REGISTRY
-from onmt_doc.encoders.base import EncoderOut
 from onmt_doc.encoders.transformer import TransformerEncoder, TransformerEncoderConfig, TransformerEncoderLayer
 from onmt_doc.errors import ConfigError
 from onmt_doc.modules import analysis
@@ -38,7 +37,7 @@ from onmt_doc.modules.attention import MultiHeadAttention
 from onmt_doc.modules.document_packing import attend_documents, document_memory, plan_packing
 from onmt_doc.modules.dropout import Dropout
 from onmt_doc.modules.embeddings import SinusoidalPositions
-from onmt_doc.parts import PartContext
+from onmt_doc.parts import EncoderOut, PartContext
 from onmt_doc.registry import registry_for
 
 

@@ -1,5 +1,5 @@
 """Targeted metrics on translations of documents, next to sacreBLEU's s-BLEU/d-BLEU/chrF
-(:mod:`onmt_doc.evaluation.bleu`): pronoun accuracy and lexical consistency.
+(:mod:`onmt_doc.evaluation.corpus_metrics`): pronoun accuracy and lexical consistency.
 
 - **Pronoun accuracy**, APT-style: the HM-GDC paper (Tan et al., 2019, sec. "Pronoun & Noun
   Translation", Table 5) reports "the accuracy of pronoun translation (Miculicich Werlen and
@@ -20,7 +20,7 @@ from collections import Counter
 from typing import Optional, Sequence
 
 from onmt_doc.errors import DataError, UserError
-from onmt_doc.evaluation.bleu import report
+from onmt_doc.evaluation.corpus_metrics import report
 
 # Personal, possessive-free pronoun forms; ``-pronouns FILE`` replaces them (one a line).
 PRONOUNS: dict[str, frozenset[str]] = {

@@ -24,10 +24,10 @@ from onmt_doc.data.batching import collate, ordered_batches
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import read_parallel
 from onmt_doc.data.instances import Example, build_instances
+from onmt_doc.data.pmi import PMITable, attach_z_star, z_star
 from onmt_doc.data.vocab import PAD_ID
 from onmt_doc.losses.gate_hinge import gate_hinge
 from onmt_doc.models.model import EncoderDecoder
-from onmt_doc.pmi import PMITable, attach_z_star, z_star
 
 
 @dataclass

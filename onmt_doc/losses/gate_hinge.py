@@ -16,16 +16,16 @@ import torch
 
 from onmt_doc.config import Config, LossConfig, option
 from onmt_doc.data.batching import Batch
+from onmt_doc.data.pmi import Z_STAR, Normaliser
 from onmt_doc.errors import ConfigError
 from onmt_doc.losses import REGISTRY
 from onmt_doc.losses.base import Loss
-from onmt_doc.pmi import Z_STAR, Normaliser
 
 
 @dataclass
 class PMIGateHingeConfig(LossConfig):
     weight: float = option(1.0, "λ of eq. 5")
-    table: Optional[str] = option(None, "PMI table built with `tools/build_pmi_table.py` with this run's "
+    table: Optional[str] = option(None, "PMI table built with `onmt_doc_build_pmi_table` with this run's "
                                   "vocabularies; override with `loss.1.table=PATH`", shown="(required)")
     normaliser: Normaliser = option(
         "shared", "Z of eq. 6 for z*: `shared` = one Z for the bilingual and monolingual PMI (log Z cancels in "

@@ -10,10 +10,11 @@ from torch import nn
 from onmt_doc.data.batching import Batch
 from onmt_doc.data.vocab import PAD_ID, UNK_ID
 from onmt_doc.decoders.base import Decoder, LengthLimit
-from onmt_doc.encoders.base import Encoder, EncoderOut
+from onmt_doc.encoders.base import Encoder
 from onmt_doc.errors import ConfigError
 from onmt_doc.modules.state import DecoderState
 from onmt_doc.modules.word_dropout import word_dropout
+from onmt_doc.parts import EncoderOut
 
 
 @dataclass

@@ -25,11 +25,16 @@ def _register(name: str, factory: Callable) -> None:
 _register("adam", torch.optim.Adam)
 _register("adamw", torch.optim.AdamW)
 _register("sgd", torch.optim.SGD)
-for _name in sorted(torch_optimizer._NAME_OPTIM_MAP):  # radam, lamb, adabelief, …
-    _cls = torch_optimizer.get(_name)
-    # wrappers such as lookahead take another optimizer instead of a learning rate
-    if _name not in REGISTRY and "lr" in inspect.signature(_cls.__init__).parameters:
-        _register(_name, _cls)
+# torch-optimizer's optimizers that take a learning rate (wrappers such as lookahead take another
+# optimizer instead), looked up through its public ``get``; our own table, so a torch-optimizer
+# release that renames or drops one fails here, at import, naming it.
+TORCH_OPTIMIZER_NAMES = (
+    "accsgd", "adabelief", "adabound", "adamod", "adamp", "aggmo", "diffgrad", "lamb", "lars", "madgrad",
+    "novograd", "pid", "qhadam", "qhm", "radam", "ranger", "rangerqh", "rangerva", "sgdp", "sgdw",
+    "shampoo", "swats", "yogi",
+)
+for _name in TORCH_OPTIMIZER_NAMES:
+    _register(_name, torch_optimizer.get(_name))
 
 
 def build_optimizer(cfg: OptimConfig, groups: Sequence[dict]) -> torch.optim.Optimizer:

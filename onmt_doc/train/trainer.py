@@ -29,7 +29,7 @@ from onmt_doc.data.fields import FieldContext
 from onmt_doc.data.instances import Example
 from onmt_doc.data.prepare import build_codec, data_cache_dir, load_codec, load_examples, require_train_paths
 from onmt_doc.errors import ConfigError, UserError
-from onmt_doc.evaluation.bleu import report
+from onmt_doc.evaluation.corpus_metrics import report
 from onmt_doc.losses import Loss, build_losses, loss_fields
 from onmt_doc.models.builder import build_model
 from onmt_doc.models.checkpoint import copy_checkpoint, load_checkpoint, save_checkpoint

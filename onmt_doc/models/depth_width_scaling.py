@@ -2,7 +2,7 @@
 
 Depth l (layers) and width w (FFN size / d_model) are scaled along the finite-difference gradient
 of the validation loss, with a step chosen so that the parameter count grows by a given ratio β.
-Used by ``tools/scale_model.py``; the maths here is tested on synthetic losses.
+Used by ``onmt_doc_scale_model``; the maths here is tested on synthetic losses.
 """
 from __future__ import annotations
 

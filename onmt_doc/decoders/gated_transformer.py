@@ -20,10 +20,9 @@ from onmt_doc.data.vocab import PAD_ID
 from onmt_doc.decoders import REGISTRY
 from onmt_doc.decoders.base import Decoder, DecoderOut
 from onmt_doc.decoders.transformer import TransformerDecoder, TransformerDecoderLayer
-from onmt_doc.encoders.base import EncoderOut
 from onmt_doc.modules.attention import KV
-from onmt_doc.modules.gates import GatedResidual, GateType, Placement, residual_block
-from onmt_doc.parts import PartContext
+from onmt_doc.modules.context_gate import GatedResidual, GateType, Placement, residual_block
+from onmt_doc.parts import EncoderOut, PartContext
 
 
 @dataclass
@@ -66,7 +65,7 @@ class GatedDecoderLayer(TransformerDecoderLayer):
 def gate_stats(gates: torch.Tensor, keep: torch.Tensor) -> dict[str, float]:
     """Validation sums for TensorBoard (valid/gate/mean, valid/gate/var after division by the
     target tokens): per token the mean gate over layers and dimensions, and the batch's gate
-    variance weighted by its tokens (the exact variance over a set: tools/gate_analysis.py)."""
+    variance weighted by its tokens (the exact variance over a set: onmt_doc_gate_analysis)."""
     z = gates.float()[:, keep]                                         # [L, N, D]
     n = z.size(1)
     if n == 0:

@@ -1,4 +1,4 @@
-"""A contrastive suite for the toy corpus's test documents (onmt_doc.toy_corpus).
+"""A contrastive suite for the toy corpus's test documents (onmt_doc.toy.corpus).
 
 Each context-dependent pronoun of the test split is one item: the correct target sentence and, as
 contrastive candidates, the same sentence with the pronoun of each other gender in the same slot
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Iterator
 
 from onmt_doc.evaluation.contrastive import CONTEXT_SEP
-from onmt_doc.toy_corpus import PRONOUN_FORMS, ToySentence, generate_documents
+from onmt_doc.toy.corpus import PRONOUN_FORMS, ToySentence, generate_documents
 
 TSV_HEADER = ["ante distance", "ref pronoun", "context sentences", "context_src", "context_tgt", "source",
               "correct", "contrastive"]

@@ -239,7 +239,7 @@ class PMITable:
                 or self.vocab != vocab_digest(codec):
             raise UserError(f"{path}: PMI table built with other vocabularies than this run's "
                             f"({self.src_size}/{self.tgt_size} entries, this run {len(codec.src_vocab)}/"
-                            f"{len(codec.tgt_vocab)}); rebuild it with tools/build_pmi_table.py -config <this config>")
+                            f"{len(codec.tgt_vocab)}); rebuild it with onmt_doc_build_pmi_table -config <this config>")
 
     def save(self, path: str) -> None:
         """One uncompressed ``.npz`` at exactly ``path``, written atomically."""
@@ -255,13 +255,13 @@ class PMITable:
         """The table at ``path`` computing PMI with ``normaliser``; with ``codec``, refused unless
         built with its vocabularies."""
         if not os.path.isfile(path):
-            raise UserError(f"{path}: PMI table not found (build it with tools/build_pmi_table.py)")
+            raise UserError(f"{path}: PMI table not found (build it with onmt_doc_build_pmi_table)")
         try:
             with np.load(path, allow_pickle=False) as z:
                 meta = json.loads(str(z["meta"]))
                 arrays = {name: z[name] for name in _ARRAYS}
         except (OSError, ValueError, KeyError) as e:
-            raise UserError(f"{path}: not a PMI table of tools/build_pmi_table.py ({str(e)[:120]})") from None
+            raise UserError(f"{path}: not a PMI table of onmt_doc_build_pmi_table ({str(e)[:120]})") from None
         if meta.get("format", 0) > TABLE_FORMAT:
             raise UserError(f"{path}: PMI table format {meta['format']} is newer than this onmt_doc reads")
         table = cls(**arrays, n_pairs=int(meta.get("n_pairs", 0)), vocab=str(meta.get("vocab", "")),
@@ -344,7 +344,7 @@ def _z_star_chunk(table: PMITable, src: Sequence[np.ndarray], tgt: Sequence[np.n
 
 def z_star_share(table: PMITable, pairs: Iterable[Pair], chunk: int = 2048) -> tuple[int, int]:
     """(tokens with z* = 1, target tokens) over a stream of sentence pairs: what the regulariser
-    will push the gates towards (printed by tools/build_pmi_table.py)."""
+    will push the gates towards (printed by onmt_doc_build_pmi_table)."""
     ones = total = 0
     for part in _chunks(pairs, chunk):
         z = z_star(table, [p[0] for p in part], [p[1] for p in part], chunk=chunk)
@@ -427,7 +427,7 @@ class ZStarField:
     def __init__(self, section, ctx: FieldContext):
         if not section.table:
             raise ConfigError(f"loss {section.type}: key 'table' is required (a PMI table built with "
-                              f"tools/build_pmi_table.py)")
+                              f"onmt_doc_build_pmi_table)")
         self.who = section.type
         self.table = PMITable.load(section.table, ctx.codec, section.normaliser)
         self.cache_dir = ctx.cache_dir

@@ -1,0 +1,47 @@
+"""Average the weights of several checkpoints of one run (Vaswani et al., 2017, sec. 6.1).
+
+  onmt_doc_average_checkpoints -models runs/x/checkpoints/step_*.pt -output avg.pt
+  onmt_doc_average_checkpoints -run_dir runs/x -last 5 -output avg.pt
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import sys
+from typing import Optional
+
+from onmt_doc.bin.common import ArgumentParser, run
+from onmt_doc.errors import UserError
+from onmt_doc.models.checkpoint import average_checkpoints, save_checkpoint
+
+
+def _main(argv=None) -> int:
+    p = ArgumentParser(prog="onmt_doc_average_checkpoints", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-models", "--models", nargs="+", help="checkpoints to average")
+    p.add_argument("-run_dir", "--run_dir", help="a run folder: average its last -last step_N.pt files")
+    p.add_argument("-last", "--last", type=int, default=5)
+    p.add_argument("-output", "--output", required=True)
+    args = p.parse_args(argv)
+    if args.last < 1:
+        raise UserError(f"-last must be at least 1 (got {args.last})")
+    paths = args.models or []
+    if args.run_dir:
+        found = glob.glob(os.path.join(args.run_dir, "checkpoints", "step_*.pt"))
+        found.sort(key=lambda x: int(re.search(r"step_(\d+)\.pt$", x).group(1)))
+        paths += found[-args.last:]
+    if not paths:
+        raise UserError("give -models or a -run_dir with step_N.pt checkpoints")
+    save_checkpoint(average_checkpoints(paths), args.output)
+    print(f"averaged {len(paths)} checkpoints into {args.output}", file=sys.stderr)
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    return run(_main, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The synthetic document-level toy corpus: generator and contrastive suite (tests, quickstart, docs)."""
