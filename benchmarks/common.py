@@ -5,6 +5,7 @@ The scripts run as ``python benchmarks/<name>.py``, so Python puts this folder f
 ``sys.path`` and ``from common import ...`` needs no path manipulation; no benchmark imports
 another one. Nothing here imports torch, so the scripts that only drive processes start fast.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,6 +32,7 @@ LOCK = "/tmp/onmt_bench.lock"
 
 # ----------------------------------------------------------------------------- environment
 
+
 def log(msg: str) -> None:
     """Timestamped progress line (flushed: benchmark output is usually followed in a log file)."""
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
@@ -38,8 +40,9 @@ def log(msg: str) -> None:
 
 def add_data_argument(p: argparse.ArgumentParser) -> None:
     """``--data``: the shared data sets' root, so no script hard-codes a machine's path."""
-    p.add_argument("--data", default=DATA,
-                   help="folder with the shared data sets (default: ../shared/data beside the repository)")
+    p.add_argument(
+        "--data", default=DATA, help="folder with the shared data sets (default: ../shared/data beside the repository)"
+    )
 
 
 def multi30k(data: str) -> str:
@@ -61,7 +64,7 @@ def tool(name: str) -> list[str]:
     found = shutil.which(name)
     if found:
         return [found]
-    module = name[len("onmt_doc_"):] if name.startswith("onmt_doc_") else name
+    module = name[len("onmt_doc_") :] if name.startswith("onmt_doc_") else name
     return [sys.executable, "-m", f"onmt_doc.bin.{module}"]
 
 
@@ -83,6 +86,7 @@ def cpu_model() -> str:
 
 
 # ----------------------------------------------------------------------------- running commands
+
 
 def timed(cmd: list[str], log_path: str, threads: int) -> tuple[float, float, str]:
     """Run ``cmd`` (exit on failure); wall seconds, peak resident memory (MiB, through
@@ -129,6 +133,7 @@ def hold_lock(path: str = LOCK):
 
 
 # ----------------------------------------------------------------------------- run folders, results
+
 
 def read_lines(path: str) -> list[str]:
     """Lines of a text file, stripped."""
@@ -219,6 +224,7 @@ def update_docs_section(path: str, heading: str, section: str) -> None:
 
 # ----------------------------------------------------------------------------- log parsing
 
+
 def last_validation(text: str) -> str:
     """The last ``validation at step N: ...`` report of a training log ('' if none)."""
     valid = re.findall(r"validation at step \d+: (.*)", text)
@@ -265,6 +271,7 @@ def scores(text: str) -> dict[str, float]:
 
 # ----------------------------------------------------------------------------- Multi30k recipe
 
+
 def recipe_arguments(p: argparse.ArgumentParser, out: str, steps: int) -> None:
     """The options ``base_config`` reads (shared by the Multi30k benchmarks built on it)."""
     p.add_argument("--out", default=out)
@@ -281,22 +288,43 @@ def base_config(args: argparse.Namespace, run_dir: str) -> dict:
     """A Transformer-encoder config on Multi30k en→de (the decoder and loss are each benchmark's)."""
     m30k = multi30k(args.data)
     return {
-        "data": {"train": {"src": f"{m30k}/train.en", "tgt": f"{m30k}/train.de"},
-                 "valid": {"src": f"{m30k}/valid.en", "tgt": f"{m30k}/valid.de"}, "documents": False},
+        "data": {
+            "train": {"src": f"{m30k}/train.en", "tgt": f"{m30k}/train.de"},
+            "valid": {"src": f"{m30k}/valid.en", "tgt": f"{m30k}/valid.de"},
+            "documents": False,
+        },
         "vocab": {"subword": "bpe", "size": 8000, "shared": True},
-        "model": {"d_model": args.d_model, "dropout": 0.1, "attention_dropout": 0.1,
-                  "encoder": {"type": "transformer", "layers": args.layers, "heads": 4, "ff": 4 * args.d_model}},
-        "optim": {"type": "adam", "lr": 0.5, "betas": [0.9, 0.998], "eps": 1.0e-8,
-                  "schedule": {"type": "noam", "warmup": args.warmup}},
-        "train": {"batch_tokens": args.batch_tokens, "max_steps": args.steps, "valid_every": args.steps,
-                  "save_every": args.steps, "keep_last": 1, "valid_bleu": False, "max_grad_norm": 0.0,
-                  "threads": args.threads, "seed": 1},
+        "model": {
+            "d_model": args.d_model,
+            "dropout": 0.1,
+            "attention_dropout": 0.1,
+            "encoder": {"type": "transformer", "layers": args.layers, "heads": 4, "ff": 4 * args.d_model},
+        },
+        "optim": {
+            "type": "adam",
+            "lr": 0.5,
+            "betas": [0.9, 0.998],
+            "eps": 1.0e-8,
+            "schedule": {"type": "noam", "warmup": args.warmup},
+        },
+        "train": {
+            "batch_tokens": args.batch_tokens,
+            "max_steps": args.steps,
+            "valid_every": args.steps,
+            "save_every": args.steps,
+            "keep_last": 1,
+            "valid_bleu": False,
+            "max_grad_norm": 0.0,
+            "threads": args.threads,
+            "seed": 1,
+        },
         "translate": {"beam": 4},
         "log": {"dir": run_dir, "tensorboard": True, "every": 50},
     }
 
 
 # ----------------------------------------------------------------------------- time-slicing
+
 
 class CpuMonitor(threading.Thread):
     """Samples machine-wide busy CPU time and the CPU time of this process tree twice a second, so
@@ -307,7 +335,7 @@ class CpuMonitor(threading.Thread):
     def __init__(self, interval: float = 0.5):
         super().__init__(daemon=True)
         self.interval, self.hz = interval, os.sysconf("SC_CLK_TCK")
-        self.samples: list[tuple[float, float, float]] = []   # (time, machine busy s, our tree s)
+        self.samples: list[tuple[float, float, float]] = []  # (time, machine busy s, our tree s)
         self._stop_event = threading.Event()
 
     @staticmethod
@@ -373,23 +401,37 @@ class CpuMonitor(threading.Thread):
 
 def overlap(stops: list, t0: float, t1: float) -> float:
     """Seconds of the [start, end] periods in ``stops`` (end None: still going) inside [t0, t1]."""
-    return sum(min(b if b is not None else t1, t1) - max(a, t0) for a, b in stops
-               if (b is None or b > t0) and a < t1)
+    return sum(min(b if b is not None else t1, t1) - max(a, t0) for a, b in stops if (b is None or b > t0) and a < t1)
 
 
 class Job:
     """A command in its own process group, its output logged with arrival times by a reader thread."""
 
-    def __init__(self, name: str, cmd: list[str], log_path: str, env: Optional[dict] = None,
-                 echo: Optional[str] = None, stopped: bool = False):
+    def __init__(
+        self,
+        name: str,
+        cmd: list[str],
+        log_path: str,
+        env: Optional[dict] = None,
+        echo: Optional[str] = None,
+        stopped: bool = False,
+    ):
         log(f"$ {' '.join(shlex.quote(c) for c in cmd)}   (log: {os.path.relpath(log_path, REPO)})")
         self.name, self.cmd, self.log_path, self.echo = name, cmd, log_path, echo
         self.lines: list[tuple[float, str]] = []
-        self.stops: list[list] = []               # [start, end] periods this job was SIGSTOPped
-        self.yield_s = 0.0                         # seconds stopped because other processes were busy
+        self.stops: list[list] = []  # [start, end] periods this job was SIGSTOPped
+        self.yield_s = 0.0  # seconds stopped because other processes were busy
         self.start = time.time()
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-                                     text=True, bufsize=1, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
+        )
         if stopped:
             self.pause()
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -457,8 +499,14 @@ class Job:
         if rc != 0:
             tail = open(self.log_path, encoding="utf-8").read().splitlines()[-25:]
             raise SystemExit(f"command failed (exit {rc}): {' '.join(self.cmd)}\n" + "\n".join(tail))
-        return {"wall": self.wall, "start": self.start, "end": self.end, "lines": self.lines,
-                "stops": self.stops, "stopped": overlap(self.stops, self.start, self.end)}
+        return {
+            "wall": self.wall,
+            "start": self.start,
+            "end": self.end,
+            "lines": self.lines,
+            "stops": self.stops,
+            "stopped": overlap(self.stops, self.start, self.end),
+        }
 
 
 class Scheduler:
@@ -487,8 +535,11 @@ class Scheduler:
             now = time.time()
             for j in jobs:
                 j.enforce()
-                if exclusive and j.name in exclusive and any(re.search(exclusive[j.name], line)
-                                                             for _, line in j.lines[-5:]):
+                if (
+                    exclusive
+                    and j.name in exclusive
+                    and any(re.search(exclusive[j.name], line) for _, line in j.lines[-5:])
+                ):
                     holding.add(j.name)
             if not current.alive():
                 nxt = next((j for j in jobs if j.alive()), None)
@@ -532,11 +583,14 @@ class Scheduler:
         r = job.finish()
         r["name"] = job.name
         r["foreign"] = self.monitor.foreign(r["start"], r["end"])
-        log(f"  {job.name}: {r['wall']:.1f}s wall, stopped {r['stopped']:.0f}s; other processes used "
-            f"{r['foreign']:.2f} CPU cores meanwhile")
+        log(
+            f"  {job.name}: {r['wall']:.1f}s wall, stopped {r['stopped']:.0f}s; other processes used "
+            f"{r['foreign']:.2f} CPU cores meanwhile"
+        )
         return r
 
-    def run_alone(self, name: str, cmd: list[str], log_path: str, env: Optional[dict] = None,
-                  echo: Optional[str] = None) -> dict:
+    def run_alone(
+        self, name: str, cmd: list[str], log_path: str, env: Optional[dict] = None, echo: Optional[str] = None
+    ) -> dict:
         """One command alone on the CPU (paused while other processes are busy)."""
         return self.run([Job(name, cmd, log_path, env, echo)])[0]

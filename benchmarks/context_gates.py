@@ -19,6 +19,7 @@ Runs are named ``<model>_<norm>`` (``regularized_<norm>_<normaliser>``), so call
 The Transformer uses the gated decoders' blocks (pre-norm for ``--norm paper``, which it lacks).
 Every model is analysed with z* under both normalisers (CER and CE/FE depend on it).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,24 +47,32 @@ from common import (
 def concat_sources(data: str) -> list[tuple[str, str]]:
     """en→de pairs of the shared sets for the 100k-pair counting benchmark (iwslt14 is de→en: swapped)."""
     m30k = multi30k(data)
-    return ([(f"{m30k}/{n}.en", f"{m30k}/{n}.de") for n in ("train", "valid", "test2016")]
-            + [(f"{data}/news-sent-en-de/newstest2008-2013.en", f"{data}/news-sent-en-de/newstest2008-2013.de")]
-            + [(f"{data}/docmt-en-de/{d}.{s}.en", f"{data}/docmt-en-de/{d}.{s}.de")
-               for d in ("ted", "news", "europarl") for s in ("dev", "test")]
-            + [(f"{data}/iwslt14-ted-de-en/{n}.en", f"{data}/iwslt14-ted-de-en/{n}.de")
-               for n in ("dev2010", "tst2010", "tst2011", "tst2012")])
+    return (
+        [(f"{m30k}/{n}.en", f"{m30k}/{n}.de") for n in ("train", "valid", "test2016")]
+        + [(f"{data}/news-sent-en-de/newstest2008-2013.en", f"{data}/news-sent-en-de/newstest2008-2013.de")]
+        + [
+            (f"{data}/docmt-en-de/{d}.{s}.en", f"{data}/docmt-en-de/{d}.{s}.de")
+            for d in ("ted", "news", "europarl")
+            for s in ("dev", "test")
+        ]
+        + [
+            (f"{data}/iwslt14-ted-de-en/{n}.en", f"{data}/iwslt14-ted-de-en/{n}.de")
+            for n in ("dev2010", "tst2010", "tst2011", "tst2012")
+        ]
+    )
 
 
 def model_configs(args: argparse.Namespace, out: str) -> dict[str, dict]:
     """The three models' configs: same recipe, decoder and losses differ."""
     shape = {"layers": args.layers, "heads": 4, "ff": 4 * args.d_model}
     ce = {"type": "label_smoothed_ce", "smoothing": 0.1}
-    hinge = {"type": "pmi_gate_hinge", "weight": args.weight, "table": f"{out}/pmi.npz",
-             "normaliser": args.normaliser}
+    hinge = {"type": "pmi_gate_hinge", "weight": args.weight, "table": f"{out}/pmi.npz", "normaliser": args.normaliser}
     gated = {"type": "gated_transformer", "norm": args.norm, **shape}
-    decoders = {"transformer": ({"type": "transformer", "pre_norm": args.norm != "post", **shape}, [ce]),
-                "context_gates": (gated, [ce]),
-                "regularized": (gated, [ce, hinge])}
+    decoders = {
+        "transformer": ({"type": "transformer", "pre_norm": args.norm != "post", **shape}, [ce]),
+        "context_gates": (gated, [ce]),
+        "regularized": (gated, [ce, hinge]),
+    }
     configs = {}
     for name, (decoder, losses) in decoders.items():
         run = f"{name}_{args.norm}" + (f"_{args.normaliser}" if name == "regularized" else "")
@@ -112,12 +121,17 @@ def parse_args() -> argparse.Namespace:
     recipe_arguments(p, "runs/bench_context_gates", 400)
     p.add_argument("--weight", type=float, default=1.0, help="λ of the hinge loss")
     p.add_argument("--norm", default="post", choices=["paper", "pre", "post"], help="gated decoder's norm placement")
-    p.add_argument("--normaliser", default="shared", choices=["shared", "per_scenario"],
-                   help="Z of eq. 6 for the regularized model's z*")
+    p.add_argument(
+        "--normaliser",
+        default="shared",
+        choices=["shared", "per_scenario"],
+        help="Z of eq. 6 for the regularized model's z*",
+    )
     p.add_argument("--concat", type=int, default=100000, help="pairs of the PMI counting benchmark")
     p.add_argument("--no-concat", dest="concat", action="store_const", const=0)
-    p.add_argument("--models", default="transformer,context_gates,regularized",
-                   help="comma-separated subset of the three models")
+    p.add_argument(
+        "--models", default="transformer,context_gates,regularized", help="comma-separated subset of the three models"
+    )
     p.add_argument("--only", choices=["pmi", "models"], help="redo one part, keep the other from <out>/results.json")
     return p.parse_args()
 
@@ -128,7 +142,7 @@ def start_results(args: argparse.Namespace, out: str) -> dict:
     old = read_json(f"{out}/results.json") if args.only else None
     if old:
         results["pmi"], results["runs"] = old.get("pmi", {}), old.get("runs", {})
-        redo = ("build_pmi_table", " -c ") if args.only == "pmi" else ()   # model runs add rows
+        redo = ("build_pmi_table", " -c ") if args.only == "pmi" else ()  # model runs add rows
         results["commands"] = [c for c in old["commands"] if not any(r in c for r in redo)]
         results["args"] = {**old["args"], **{k: v for k, v in vars(args).items() if k in ("only", "concat")}}
     return results
@@ -160,8 +174,14 @@ def main() -> None:
 
 def pmi_row(pairs: int, wall: float, rss: float, err: str, tgt: str, vocab_cfg: str, table: str) -> dict:
     """One row of the PMI counting table."""
-    return {"pairs": pairs, "seconds": wall, "rss_mib": rss, "summary": summary(err),
-            "tgt_subwords_per_sentence": count_tokens(tgt, vocab_cfg), "file_mib": os.path.getsize(table) / 2 ** 20}
+    return {
+        "pairs": pairs,
+        "seconds": wall,
+        "rss_mib": rss,
+        "summary": summary(err),
+        "tgt_subwords_per_sentence": count_tokens(tgt, vocab_cfg),
+        "file_mib": os.path.getsize(table) / 2**20,
+    }
 
 
 def count_pmi(args: argparse.Namespace, out: str, vocab_cfg: str, run) -> dict:
@@ -171,14 +191,17 @@ def count_pmi(args: argparse.Namespace, out: str, vocab_cfg: str, run) -> dict:
     _, base_rss, _ = run("imports", [py, "-c", "import onmt_doc.data.pmi, onmt_doc.data.prepare, torch"])
     pmi = {"imports_rss_mib": base_rss}
     wall, rss, err = run("pmi_multi30k", [*count, "-output", f"{out}/pmi.npz"])
-    _, _, err_ps = run("pmi_multi30k_per_scenario", [*count, "-output", f"{out}/pmi_per_scenario.npz",
-                                                     "-normaliser", "per_scenario"])
+    _, _, err_ps = run(
+        "pmi_multi30k_per_scenario", [*count, "-output", f"{out}/pmi_per_scenario.npz", "-normaliser", "per_scenario"]
+    )
     pmi["z_star_train"] = {"shared": summary(err, "z* = 1 for"), "per_scenario": summary(err_ps, "z* = 1 for")}
     pmi["multi30k"] = pmi_row(29000, wall, rss, err, f"{multi30k(args.data)}/train.de", vocab_cfg, f"{out}/pmi.npz")
     if args.concat:
         n = write_concat(f"{out}/concat", args.concat, args.data)
-        wall, rss, err = run("pmi_concat", [*count, "-src", f"{out}/concat.en", "-tgt", f"{out}/concat.de",
-                                            "-output", f"{out}/pmi_concat.npz"])
+        wall, rss, err = run(
+            "pmi_concat",
+            [*count, "-src", f"{out}/concat.en", "-tgt", f"{out}/concat.de", "-output", f"{out}/pmi_concat.npz"],
+        )
         pmi["concat"] = pmi_row(n, wall, rss, err, f"{out}/concat.de", vocab_cfg, f"{out}/pmi_concat.npz")
     return pmi
 
@@ -206,54 +229,105 @@ def model_row(args: argparse.Namespace, out: str, run, model: str, name: str, cf
             err = f.read()
     row["valid"] = last_validation(err)
     row["params_m"] = params_m(err)
-    _, _, err = run(f"{name}_translate", [*tool("onmt_doc_translate"), "-model", ckpt,
-                                          "-src", f"{m30k}/test2016.en", "-tgt", f"{m30k}/test2016.de", "-beam", "4",
-                                          "-threads", str(args.threads), "-output", f"{out}/{name}/test.hyp"])
+    _, _, err = run(
+        f"{name}_translate",
+        [
+            *tool("onmt_doc_translate"),
+            "-model",
+            ckpt,
+            "-src",
+            f"{m30k}/test2016.en",
+            "-tgt",
+            f"{m30k}/test2016.de",
+            "-beam",
+            "4",
+            "-threads",
+            str(args.threads),
+            "-output",
+            f"{out}/{name}/test.hyp",
+        ],
+    )
     row["bleu"] = bleu(err)
     for z in ("shared", "per_scenario"):
-        run(f"{name}_analysis_{z}", [sys.executable, "tools/gate_analysis.py", "-model", ckpt, "-src",
-                                     f"{m30k}/test2016.en", "-tgt", f"{m30k}/test2016.de", "-table", f"{out}/pmi.npz",
-                                     "-normaliser", z, "-threads", str(args.threads),
-                                     "-output", f"{out}/{name}/analysis_{z}.json"])
+        run(
+            f"{name}_analysis_{z}",
+            [
+                sys.executable,
+                "tools/gate_analysis.py",
+                "-model",
+                ckpt,
+                "-src",
+                f"{m30k}/test2016.en",
+                "-tgt",
+                f"{m30k}/test2016.de",
+                "-table",
+                f"{out}/pmi.npz",
+                "-normaliser",
+                z,
+                "-threads",
+                str(args.threads),
+                "-output",
+                f"{out}/{name}/analysis_{z}.json",
+            ],
+        )
         row[z] = read_json(f"{out}/{name}/analysis_{z}.json")
     return row
 
 
 def render(results: dict) -> str:
     a = results["args"]
-    lines = [f"Machine: {results['machine']}; {a['threads']} threads. Model: d_model {a['d_model']}, "
-             f"{a['layers']}+{a['layers']} layers, 4 heads, ff {4 * a['d_model']}, {a['steps']} steps of "
-             f"{a['batch_tokens']} tokens, λ = {a['weight']}. CER, CE/FE and gates on the wrong side: "
-             "z* with the shared / per-scenario normaliser.", "",
-             "| run | decoder norm | z* of the hinge | params | train s | BLEU | FER % | CER % | CE/FE % | gate mean "
-             "| gate var | gates on the wrong side of z* % | valid |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        f"Machine: {results['machine']}; {a['threads']} threads. Model: d_model {a['d_model']}, "
+        f"{a['layers']}+{a['layers']} layers, 4 heads, ff {4 * a['d_model']}, {a['steps']} steps of "
+        f"{a['batch_tokens']} tokens, λ = {a['weight']}. CER, CE/FE and gates on the wrong side: "
+        "z* with the shared / per-scenario normaliser.",
+        "",
+        "| run | decoder norm | z* of the hinge | params | train s | BLEU | FER % | CER % | CE/FE % | gate mean "
+        "| gate var | gates on the wrong side of z* % | valid |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     runs = results.get("runs", {})
     for name, r in runs.items():
         sh, ps = r["shared"], r["per_scenario"]
-        gate = (f"{sh['gate_mean']:.3f} | {sh['gate_var']:.3f} | "
-                f"{sh['gate_wrong_side']:.1f} / {ps['gate_wrong_side']:.1f}" if "gate_mean" in sh else "– | – | –")
-        lines.append(f"| {name} | {r['norm']} | {r['normaliser'] or '–'} | {r['params_m']}M | "
-                     f"{r.get('train_seconds', float('nan')):.0f} | {r['bleu']:.2f} | {sh['FER']:.1f} | "
-                     f"{sh['CER']:.1f} / {ps['CER']:.1f} | {sh['CE/FE']:.1f} / {ps['CE/FE']:.1f} | {gate} | "
-                     f"{r['valid'].replace(' | ', ', ')} |")
+        gate = (
+            f"{sh['gate_mean']:.3f} | {sh['gate_var']:.3f} | {sh['gate_wrong_side']:.1f} / {ps['gate_wrong_side']:.1f}"
+            if "gate_mean" in sh
+            else "– | – | –"
+        )
+        lines.append(
+            f"| {name} | {r['norm']} | {r['normaliser'] or '–'} | {r['params_m']}M | "
+            f"{r.get('train_seconds', float('nan')):.0f} | {r['bleu']:.2f} | {sh['FER']:.1f} | "
+            f"{sh['CER']:.1f} / {ps['CER']:.1f} | {sh['CE/FE']:.1f} / {ps['CE/FE']:.1f} | {gate} | "
+            f"{r['valid'].replace(' | ', ', ')} |"
+        )
     if runs:
         first = next(iter(runs.values()))
-        lines += ["", f"test2016: {first['shared']['tokens']} target subwords (markup excluded), z* = 1 for "
-                  f"{first['shared']['z_star_source']:.1f}% of them (shared normaliser) and "
-                  f"{first['per_scenario']['z_star_source']:.1f}% (per-scenario).", ""]
+        lines += [
+            "",
+            f"test2016: {first['shared']['tokens']} target subwords (markup excluded), z* = 1 for "
+            f"{first['shared']['z_star_source']:.1f}% of them (shared normaliser) and "
+            f"{first['per_scenario']['z_star_source']:.1f}% (per-scenario).",
+            "",
+        ]
     pmi = results.get("pmi", {})
     if "z_star_train" in pmi:
-        lines += ["Training corpus (tools/build_pmi_table.py, last line): " +
-                  "; ".join(f"{k}: {v}" for k, v in pmi["z_star_train"].items()), ""]
+        lines += [
+            "Training corpus (tools/build_pmi_table.py, last line): "
+            + "; ".join(f"{k}: {v}" for k, v in pmi["z_star_train"].items()),
+            "",
+        ]
     if pmi:
-        lines += ["| PMI table | sentence pairs | target subwords / sentence | time s | peak RSS MiB | table file MiB "
-                  "| counts |",
-                  "|---|---:|---:|---:|---:|---:|---|"]
+        lines += [
+            "| PMI table | sentence pairs | target subwords / sentence | time s | peak RSS MiB | table file MiB "
+            "| counts |",
+            "|---|---:|---:|---:|---:|---:|---|",
+        ]
         for key, r in pmi.items():
             if isinstance(r, dict) and "pairs" in r:
-                lines.append(f"| {key} | {r['pairs']} | {r['tgt_subwords_per_sentence']:.1f} | {r['seconds']:.1f} | "
-                             f"{r['rss_mib']:.0f} | {r['file_mib']:.1f} | {r['summary']} |")
+                lines.append(
+                    f"| {key} | {r['pairs']} | {r['tgt_subwords_per_sentence']:.1f} | {r['seconds']:.1f} | "
+                    f"{r['rss_mib']:.0f} | {r['file_mib']:.1f} | {r['summary']} |"
+                )
         lines += ["", f"Peak RSS of the imports alone (python, torch, onmt_doc): {pmi['imports_rss_mib']:.0f} MiB.", ""]
     lines += ["Commands:", "", "```", *results["commands"], "```", ""]
     return "\n".join(lines)

@@ -13,6 +13,7 @@ context, without it and shuffled, plus the metrics on its ``test.hyp``. ``speed`
 suite's items (streamed from a JSON Lines file, never all in memory) and reports items/s and the
 peak resident memory.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,9 +39,23 @@ def report(args) -> int:
         if not os.path.exists(ckpt):
             continue
         out = os.path.join(args.runs, name, "evaluate.json")
-        cmd = [sys.executable, "-m", "onmt_doc.bin.evaluate", "-model", ckpt, "-suite",
-               os.path.join(data, "test.contrastive.json"), "-ablation", "none", "remove", "shuffle",
-               "-json", out, "-threads", str(args.threads)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "onmt_doc.bin.evaluate",
+            "-model",
+            ckpt,
+            "-suite",
+            os.path.join(data, "test.contrastive.json"),
+            "-ablation",
+            "none",
+            "remove",
+            "shuffle",
+            "-json",
+            out,
+            "-threads",
+            str(args.threads),
+        ]
         hyp = os.path.join(args.runs, name, "test.hyp")
         if os.path.exists(hyp):
             cmd += ["-hyp", hyp, "-ref", os.path.join(data, "test.tgt"), "-src", os.path.join(data, "test.src")]
@@ -50,12 +65,17 @@ def report(args) -> int:
     print("|---|---|---|---|---|---|---|")
     for name, r in rows.items():
         c, t = r["contrastive"], r.get("translation")
-        extra = (f"{t['pronouns']['accuracy']:.1f}% of {t['pronouns']['total']} | "
-                 f"{t['consistency']['consistency']:.1f}% of {t['consistency']['repeated_terms']} "
-                 f"(ref. {t['consistency_reference']['consistency']:.1f}%) | {t['bleu']:.2f} / {t['d_bleu']:.2f}"
-                 if t else "- | - | -")
-        print(f"| {name} | {c['none']['accuracy']:.1f}% of {c['none']['total']} | {c['remove']['accuracy']:.1f}% | "
-              f"{c['shuffle']['accuracy']:.1f}% | {extra} |")
+        extra = (
+            f"{t['pronouns']['accuracy']:.1f}% of {t['pronouns']['total']} | "
+            f"{t['consistency']['consistency']:.1f}% of {t['consistency']['repeated_terms']} "
+            f"(ref. {t['consistency_reference']['consistency']:.1f}%) | {t['bleu']:.2f} / {t['d_bleu']:.2f}"
+            if t
+            else "- | - | -"
+        )
+        print(
+            f"| {name} | {c['none']['accuracy']:.1f}% of {c['none']['total']} | {c['remove']['accuracy']:.1f}% | "
+            f"{c['shuffle']['accuracy']:.1f}% | {extra} |"
+        )
     return 0
 
 
@@ -81,10 +101,21 @@ def speed(args) -> int:
     res = evaluate_suite(Translator(model, codec, cfg), read_suite(path))
     seconds = time.time() - start
     rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"items": res["total"], "candidates": 3 * res["total"], "seconds": round(seconds, 1),
-                      "items_per_s": round(res["total"] / seconds, 1), "accuracy": round(res["accuracy"], 2),
-                      "peak_rss_mib": round(rss1 / 1024), "rss_added_mib": round((rss1 - rss0) / 1024),
-                      "unit": model.unit, "threads": args.threads}))
+    print(
+        json.dumps(
+            {
+                "items": res["total"],
+                "candidates": 3 * res["total"],
+                "seconds": round(seconds, 1),
+                "items_per_s": round(res["total"] / seconds, 1),
+                "accuracy": round(res["accuracy"], 2),
+                "peak_rss_mib": round(rss1 / 1024),
+                "rss_added_mib": round((rss1 - rss0) / 1024),
+                "unit": model.unit,
+                "threads": args.threads,
+            }
+        )
+    )
     return 0
 
 

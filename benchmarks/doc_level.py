@@ -32,6 +32,7 @@ data) serves every system, so `train.init_from` can copy parameters. Systems:
 Results: `OUT/results.json` and a Markdown table on stdout. Later document-level models add an
 entry to SYSTEMS.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -87,8 +88,10 @@ def prepare(out: str, shared: str) -> str:
         write_docs(os.path.join(data, f"train.{side}"), train[side])
         write_docs(os.path.join(data, f"valid.{side}"), valid[side])
         with open(os.path.join(data, f"pretrain.{side}"), "w", encoding="utf-8") as f:
-            for path in (os.path.join(shared, "multi30k-en-de", f"train.{side}"),
-                         os.path.join(shared, "news-sent-en-de", f"newstest2008-2013.{side}")):
+            for path in (
+                os.path.join(shared, "multi30k-en-de", f"train.{side}"),
+                os.path.join(shared, "news-sent-en-de", f"newstest2008-2013.{side}"),
+            ):
                 with open(path, encoding="utf-8") as g:
                     f.writelines(line for line in g if line.strip())
             f.writelines(s + "\n" for d in train[side] for s in d)
@@ -115,31 +118,46 @@ def g_parts(args, group: bool) -> dict:
 
 def systems(args, data: str, out: str) -> dict:
     """name -> (training overrides, documents?) for onmt_doc_train on the base config."""
-    doc_data = [f"data.train.src={data}/train.en", f"data.train.tgt={data}/train.de",
-                f"data.valid.src={data}/valid.en", f"data.valid.tgt={data}/valid.de"]
+    doc_data = [
+        f"data.train.src={data}/train.en",
+        f"data.train.tgt={data}/train.de",
+        f"data.valid.src={data}/valid.en",
+        f"data.valid.tgt={data}/valid.de",
+    ]
     steps = [f"train.max_steps={args.steps}"]
     return {
         "sent": doc_data + steps + model_section(args, "transformer", "transformer"),
-        "doc_transformer": doc_data + steps + model_section(args, "g_transformer", "g_transformer",
-                                                            **g_parts(args, False)),
-        "g_scratch": doc_data + steps + model_section(args, "g_transformer", "g_transformer", **g_parts(args, True),
-                                                      **{"model.word_dropout": 0.3}),
+        "doc_transformer": doc_data
+        + steps
+        + model_section(args, "g_transformer", "g_transformer", **g_parts(args, False)),
+        "g_scratch": doc_data
+        + steps
+        + model_section(args, "g_transformer", "g_transformer", **g_parts(args, True), **{"model.word_dropout": 0.3}),
         # data.documents stays true: the pre-training file (no blank lines) is one stream of
         # sentences either way, and the checkpoint must read the test files as documents (d-BLEU)
-        "sent_pretrained": [f"data.train.src={data}/pretrain.en", f"data.train.tgt={data}/pretrain.de",
-                            f"data.valid.src={data}/valid.en", f"data.valid.tgt={data}/valid.de",
-                            f"train.max_steps={args.pretrain_steps}"]
-                           + model_section(args, "transformer", "transformer"),
-        "g_finetuned": doc_data + [f"train.max_steps={args.finetune_steps}",
-                                   f"train.init_from={out}/sent_pretrained/checkpoints/last.pt",
-                                   "train.init_lr_scale=0.2"]
-                       + model_section(args, "g_transformer", "g_transformer", **g_parts(args, True),
-                                       **{"model.word_dropout": 0.1}),
+        "sent_pretrained": [
+            f"data.train.src={data}/pretrain.en",
+            f"data.train.tgt={data}/pretrain.de",
+            f"data.valid.src={data}/valid.en",
+            f"data.valid.tgt={data}/valid.de",
+            f"train.max_steps={args.pretrain_steps}",
+        ]
+        + model_section(args, "transformer", "transformer"),
+        "g_finetuned": doc_data
+        + [
+            f"train.max_steps={args.finetune_steps}",
+            f"train.init_from={out}/sent_pretrained/checkpoints/last.pt",
+            "train.init_lr_scale=0.2",
+        ]
+        + model_section(args, "g_transformer", "g_transformer", **g_parts(args, True), **{"model.word_dropout": 0.1}),
         "hm_scratch": doc_data + steps + model_section(args, "hierarchical", "doc_context", **hm_parts(args)),
-        "hm_finetuned": doc_data + [f"train.max_steps={args.finetune_steps}",
-                                    f"train.init_from={out}/sent_pretrained/checkpoints/last.pt",
-                                    "train.init_lr_scale=0.2"]
-                        + model_section(args, "hierarchical", "doc_context", **hm_parts(args)),
+        "hm_finetuned": doc_data
+        + [
+            f"train.max_steps={args.finetune_steps}",
+            f"train.init_from={out}/sent_pretrained/checkpoints/last.pt",
+            "train.init_lr_scale=0.2",
+        ]
+        + model_section(args, "hierarchical", "doc_context", **hm_parts(args)),
     }
 
 
@@ -147,8 +165,7 @@ def hm_parts(args) -> dict:
     """HM-GDC document encoder layers (sharing the sentence layers' self-attention, as the paper)
     and document windows: a whole TED talk (~100 sentences) makes every sentence's DocEnc-Decoder
     attention cover ~3000 words, 10-20x the cost of a sentence step on a CPU."""
-    return {"model.encoder.doc_layers": min(args.global_layers, args.layers),
-            "data.max_sentences": args.hm_window}
+    return {"model.encoder.doc_layers": min(args.global_layers, args.layers), "data.max_sentences": args.hm_window}
 
 
 BASE = {
@@ -156,8 +173,14 @@ BASE = {
     "model": {"dropout": 0.2, "attention_dropout": 0.1},
     "data": {"max_tokens": 512},
     "optim": {"type": "adam", "lr": 1.0e-3, "betas": [0.9, 0.98], "schedule": {"type": "inverse_sqrt", "warmup": 400}},
-    "train": {"batch_tokens": 2048, "valid_every": 100000, "save_every": 100000, "keep_last": 1,
-              "valid_bleu": False, "seed": 1},
+    "train": {
+        "batch_tokens": 2048,
+        "valid_every": 100000,
+        "save_every": 100000,
+        "keep_last": 1,
+        "valid_bleu": False,
+        "seed": 1,
+    },
     "translate": {"beam": 4, "max_len_ratio": 1.3, "max_len_add": 10},
     "log": {"tensorboard": False, "every": 100},
 }
@@ -173,8 +196,19 @@ def run(cmd: list[str], log_path: str, threads: int) -> float:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/bench_doc")
-    p.add_argument("--systems", nargs="+", default=["sent", "doc_transformer", "g_scratch", "sent_pretrained",
-                                                    "g_finetuned", "hm_scratch", "hm_finetuned"])
+    p.add_argument(
+        "--systems",
+        nargs="+",
+        default=[
+            "sent",
+            "doc_transformer",
+            "g_scratch",
+            "sent_pretrained",
+            "g_finetuned",
+            "hm_scratch",
+            "hm_finetuned",
+        ],
+    )
     p.add_argument("--steps", type=int, default=800)
     p.add_argument("--pretrain-steps", type=int, default=1200)
     p.add_argument("--finetune-steps", type=int, default=400)
@@ -183,8 +217,9 @@ def main() -> int:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--ff", type=int, default=1024)
     p.add_argument("--global-layers", type=int, default=2)
-    p.add_argument("--hm-window", type=int, default=20,
-                   help="HM-GDC document windows (data.max_sentences; 0 = whole documents)")
+    p.add_argument(
+        "--hm-window", type=int, default=20, help="HM-GDC document windows (data.max_sentences; 0 = whole documents)"
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--test-docs", type=int, default=0, help="first N documents of each test set (0 = all; smoke tests)")
     add_data_argument(p)
@@ -194,27 +229,56 @@ def main() -> int:
     base = write_yaml({**BASE, "train": {**BASE["train"], "threads": args.threads}}, os.path.join(out, "base.yaml"))
     vocab_dir = os.path.join(out, "vocab")
     if not os.path.exists(os.path.join(vocab_dir, "vocab.txt")):
-        run([sys.executable, "-m", "onmt_doc.bin.build_vocab", "-config", base, f"log.dir={vocab_dir}",
-             f"data.train.src={data}/pretrain.en", f"data.train.tgt={data}/pretrain.de", "data.documents=false"],
-            os.path.join(out, "vocab.log"), args.threads)
+        run(
+            [
+                sys.executable,
+                "-m",
+                "onmt_doc.bin.build_vocab",
+                "-config",
+                base,
+                f"log.dir={vocab_dir}",
+                f"data.train.src={data}/pretrain.en",
+                f"data.train.tgt={data}/pretrain.de",
+                "data.documents=false",
+            ],
+            os.path.join(out, "vocab.log"),
+            args.threads,
+        )
     results_path = os.path.join(out, "results.json")
     table = systems(args, data, out)
     for name in args.systems:
         run_dir = os.path.join(out, name)
         copy_vocab(vocab_dir, run_dir)
-        seconds = run([sys.executable, "-m", "onmt_doc.bin.train", "-config", base, f"log.dir={run_dir}",
-                       *table[name]], os.path.join(run_dir, "train.log"), args.threads)
+        seconds = run(
+            [sys.executable, "-m", "onmt_doc.bin.train", "-config", base, f"log.dir={run_dir}", *table[name]],
+            os.path.join(run_dir, "train.log"),
+            args.threads,
+        )
         row = {"train_s": seconds, "overrides": table[name]}
         for domain in DOMAINS:
             src, ref = _test_files(args.data, data, domain, args.test_docs)
             hyp = os.path.join(run_dir, f"{domain}.hyp")
             log = os.path.join(run_dir, f"{domain}.translate.log")
-            t = run([sys.executable, "-m", "onmt_doc.bin.translate", "-model",
-                     os.path.join(run_dir, "checkpoints", "last.pt"), "-src", src, "-tgt", ref,
-                     "-output", hyp], log, args.threads)
+            t = run(
+                [
+                    sys.executable,
+                    "-m",
+                    "onmt_doc.bin.translate",
+                    "-model",
+                    os.path.join(run_dir, "checkpoints", "last.pt"),
+                    "-src",
+                    src,
+                    "-tgt",
+                    ref,
+                    "-output",
+                    hyp,
+                ],
+                log,
+                args.threads,
+            )
             row[domain] = {**_scores(log), "translate_s": t}
         results = read_json(results_path, {})
-        results[name] = row   # re-read first: several runs of this script may share OUT
+        results[name] = row  # re-read first: several runs of this script may share OUT
         write_json(results_path, results)
         print(json.dumps({name: row}), file=sys.stderr)
     results = read_json(results_path)

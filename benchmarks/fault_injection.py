@@ -25,6 +25,7 @@ exit 143 with ``last.pt`` at the step it reached (no step lost), and its resume 
 the reference. Results: a Markdown table on stdout
 and ``<out>/results.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,15 +53,29 @@ def write_config(path: str, data: str, run_dir: str, keep_last: int = KEEP_LAST)
     import yaml
 
     cfg = {
-        "data": {"train": {"src": f"{data}/train.src", "tgt": f"{data}/train.tgt"},
-                 "valid": {"src": f"{data}/valid.src", "tgt": f"{data}/valid.tgt"}},
+        "data": {
+            "train": {"src": f"{data}/train.src", "tgt": f"{data}/train.tgt"},
+            "valid": {"src": f"{data}/valid.src", "tgt": f"{data}/valid.tgt"},
+        },
         "vocab": {"subword": "bpe", "size": 200},
-        "model": {"d_model": 32, "dropout": 0.1, "attention_dropout": 0.1,
-                  "encoder": {"type": "transformer", "layers": 1, "heads": 2, "ff": 64},
-                  "decoder": {"type": "transformer", "layers": 1, "heads": 2, "ff": 64}},
+        "model": {
+            "d_model": 32,
+            "dropout": 0.1,
+            "attention_dropout": 0.1,
+            "encoder": {"type": "transformer", "layers": 1, "heads": 2, "ff": 64},
+            "decoder": {"type": "transformer", "layers": 1, "heads": 2, "ff": 64},
+        },
         "optim": {"type": "adam", "lr": 2.0e-3, "schedule": {"type": "inverse_sqrt", "warmup": 10}},
-        "train": {"batch_tokens": 300, "max_steps": MAX_STEPS, "save_every": SAVE_EVERY, "keep_last": keep_last,
-                  "valid_every": 10, "valid_bleu": False, "threads": 1, "seed": 1},
+        "train": {
+            "batch_tokens": 300,
+            "max_steps": MAX_STEPS,
+            "save_every": SAVE_EVERY,
+            "keep_last": keep_last,
+            "valid_every": 10,
+            "valid_bleu": False,
+            "threads": 1,
+            "seed": 1,
+        },
         "log": {"dir": run_dir, "tensorboard": False, "every": 1},
     }
     with open(path, "w", encoding="utf-8") as f:
@@ -69,8 +84,13 @@ def write_config(path: str, data: str, run_dir: str, keep_last: int = KEEP_LAST)
 
 
 def start(config: str, log_path: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "onmt_doc.bin.train", "-config", config],
-                            stdout=subprocess.DEVNULL, stderr=open(log_path, "w"), env=thread_env(1), cwd=REPO)
+    return subprocess.Popen(
+        [sys.executable, "-m", "onmt_doc.bin.train", "-config", config],
+        stdout=subprocess.DEVNULL,
+        stderr=open(log_path, "w"),
+        env=thread_env(1),
+        cwd=REPO,
+    )
 
 
 def partial_files(run_dir: str) -> list[str]:
@@ -83,14 +103,18 @@ def partial_files(run_dir: str) -> list[str]:
 def orphan_bytes(run_dir: str) -> int:
     """Bytes of files a finished run folder should not hold: partial saves and surplus step_N.pt."""
     ckpts = os.path.join(run_dir, "checkpoints")
-    steps = sorted((f for f in os.listdir(ckpts) if re.fullmatch(r"step_\d+\.pt", f)),
-                   key=lambda f: int(f[5:-3])) if os.path.isdir(ckpts) else []
+    steps = (
+        sorted((f for f in os.listdir(ckpts) if re.fullmatch(r"step_\d+\.pt", f)), key=lambda f: int(f[5:-3]))
+        if os.path.isdir(ckpts)
+        else []
+    )
     extra = [os.path.join(ckpts, f) for f in steps[:-KEEP_LAST]] + partial_files(run_dir)
     return sum(os.path.getsize(p) for p in extra if os.path.exists(p))
 
 
 def same_state(a: dict, b: dict) -> bool:
     """Weights, optimizer state, step, data position and RNG states equal (bit for bit)."""
+
     def eq(x, y) -> bool:
         if isinstance(x, torch.Tensor):
             return isinstance(y, torch.Tensor) and x.shape == y.shape and torch.equal(x, y)
@@ -99,10 +123,16 @@ def same_state(a: dict, b: dict) -> bool:
         if isinstance(x, (list, tuple)):
             return isinstance(y, (list, tuple)) and len(x) == len(y) and all(eq(u, v) for u, v in zip(x, y))
         return x == y
+
     sa, sb = a["train_state"], b["train_state"]
-    return (a["step"] == b["step"] and eq(a["model"], b["model"]) and eq(sa["optimizer"], sb["optimizer"])
-            and sa["sampler"] == sb["sampler"] and eq(sa["rng"], sb["rng"])
-            and sa["early_stopping"] == sb["early_stopping"])
+    return (
+        a["step"] == b["step"]
+        and eq(a["model"], b["model"])
+        and eq(sa["optimizer"], sb["optimizer"])
+        and sa["sampler"] == sb["sampler"]
+        and eq(sa["rng"], sb["rng"])
+        and sa["early_stopping"] == sb["early_stopping"]
+    )
 
 
 def kill_at_save(proc: subprocess.Popen, ckpts: str, rng: random.Random, deadline: float) -> bool:
@@ -136,12 +166,20 @@ def wait_for_training(proc: subprocess.Popen, log_path: str) -> None:
         time.sleep(0.005)
 
 
-def trial(index: int, args, data: str, ref_dir: str, ref_seconds: float, train_seconds: float,
-          rng: random.Random, results: dict) -> None:
+def trial(
+    index: int,
+    args,
+    data: str,
+    ref_dir: str,
+    ref_seconds: float,
+    train_seconds: float,
+    rng: random.Random,
+    results: dict,
+) -> None:
     run_dir = os.path.join(args.out, f"trial_{index:02d}")
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir)
-    for name in ("subword.model", "vocab.txt"):        # the trials start from the reference vocabulary
+    for name in ("subword.model", "vocab.txt"):  # the trials start from the reference vocabulary
         shutil.copy(os.path.join(ref_dir, name), run_dir)
     shutil.copytree(os.path.join(ref_dir, "cache"), os.path.join(run_dir, "cache"))
     config = write_config(os.path.join(args.out, f"trial_{index:02d}.yaml"), data, run_dir)
@@ -150,9 +188,9 @@ def trial(index: int, args, data: str, ref_dir: str, ref_seconds: float, train_s
         log_path = os.path.join(run_dir, f"process_{k}.log")
         proc = start(config, log_path)
         draw = rng.random()
-        if draw < 0.5:      # the instant a checkpoint file is being written
+        if draw < 0.5:  # the instant a checkpoint file is being written
             killed = kill_at_save(proc, ckpts, rng, time.time() + 3 * ref_seconds)
-        else:               # a random moment of the training phase, or (1 in 5) of the whole life
+        else:  # a random moment of the training phase, or (1 in 5) of the whole life
             if draw < 0.9:
                 wait_for_training(proc, log_path)
             time.sleep(rng.uniform(0.0, train_seconds if draw < 0.9 else ref_seconds))
@@ -192,8 +230,9 @@ def trial(index: int, args, data: str, ref_dir: str, ref_seconds: float, train_s
     results["orphan_bytes_at_end"] += orphan_bytes(run_dir)
 
 
-def sigterm_run(index: int, args, data: str, ref_dir: str, ref_seconds: float, rng: random.Random,
-                results: dict) -> None:
+def sigterm_run(
+    index: int, args, data: str, ref_dir: str, ref_seconds: float, rng: random.Random, results: dict
+) -> None:
     run_dir = os.path.join(args.out, f"sigterm_{index:02d}")
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir)
@@ -219,7 +258,7 @@ def sigterm_run(index: int, args, data: str, ref_dir: str, ref_seconds: float, r
         results["sigterm_bad_exit"].append(f"run {index}: exit {rc}")
     lost = max(steps or [0]) - last["step"]
     results["sigterm_steps_lost"] += max(0, lost)
-    if start(config, os.path.join(run_dir, "process_final.log")).wait() != 0:   # resume to the end
+    if start(config, os.path.join(run_dir, "process_final.log")).wait() != 0:  # resume to the end
         results["sigterm_differed"].append(f"run {index}: the resume failed")
         return
     final = load_checkpoint(os.path.join(run_dir, "checkpoints", "last.pt"))
@@ -243,19 +282,33 @@ def main() -> None:
     shutil.rmtree(ref_dir, ignore_errors=True)
     config = write_config(os.path.join(args.out, "reference.yaml"), data, ref_dir, keep_last=1000)
     assert start(config, os.path.join(args.out, "reference.log")).wait() == 0, "reference run failed"
-    shutil.rmtree(os.path.join(ref_dir, "checkpoints"))      # again, timed, with vocabulary and cache
+    shutil.rmtree(os.path.join(ref_dir, "checkpoints"))  # again, timed, with vocabulary and cache
     t0 = time.time()
     proc = start(config, os.path.join(args.out, "reference.log"))
     wait_for_training(proc, os.path.join(args.out, "reference.log"))
     t1 = time.time()
     assert proc.wait() == 0, "reference run failed"
     ref_seconds, train_seconds = time.time() - t0, time.time() - t1
-    results = {"kills": 0, "where": {}, "unreadable_last": 0, "checked_after_kill": 0, "differed_after_kill": [],
-               "finished_before_kill": 0, "trials": 0, "final_differed": [], "final_failures": [],
-               "orphan_bytes_after_kill_max": 0, "orphan_bytes_at_end": 0, "reference_seconds": round(ref_seconds, 2),
-               "reference_training_seconds": round(train_seconds, 2),
-               "sigterm_runs": 0, "sigterm_finished_first": 0, "sigterm_bad_exit": [], "sigterm_steps_lost": 0,
-               "sigterm_differed": []}
+    results = {
+        "kills": 0,
+        "where": {},
+        "unreadable_last": 0,
+        "checked_after_kill": 0,
+        "differed_after_kill": [],
+        "finished_before_kill": 0,
+        "trials": 0,
+        "final_differed": [],
+        "final_failures": [],
+        "orphan_bytes_after_kill_max": 0,
+        "orphan_bytes_at_end": 0,
+        "reference_seconds": round(ref_seconds, 2),
+        "reference_training_seconds": round(train_seconds, 2),
+        "sigterm_runs": 0,
+        "sigterm_finished_first": 0,
+        "sigterm_bad_exit": [],
+        "sigterm_steps_lost": 0,
+        "sigterm_differed": [],
+    }
     start_time, index = time.time(), 0
     while results["kills"] < args.kills:
         trial(index, args, data, ref_dir, ref_seconds, train_seconds, rng, results)
@@ -266,21 +319,32 @@ def main() -> None:
     results["seconds"] = round(time.time() - start_time, 1)
     write_json(os.path.join(args.out, "results.json"), results)
     r = results
-    print(f"| SIGKILLs (resumed after each) | {r['kills']} in {r['trials']} trials; where: "
-          + ", ".join(f"{k} {v}" for k, v in sorted(r["where"].items())) + " |")
+    print(
+        f"| SIGKILLs (resumed after each) | {r['kills']} in {r['trials']} trials; where: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(r["where"].items()))
+        + " |"
+    )
     print(f"| unreadable `last.pt` after a kill | {r['unreadable_last']} |")
-    print(f"| `last.pt` after a kill differing from the reference's `step_N.pt` | {len(r['differed_after_kill'])} "
-          f"of {r['checked_after_kill']} |")
+    print(
+        f"| `last.pt` after a kill differing from the reference's `step_N.pt` | {len(r['differed_after_kill'])} "
+        f"of {r['checked_after_kill']} |"
+    )
     print(f"| final state differing from the uninterrupted run | {len(r['final_differed'])} of {r['trials']} |")
     print(f"| resumes that failed | {len(r['final_failures'])} |")
-    print("| largest orphaned bytes right after a kill (removed by the next start) | "
-          f"{r['orphan_bytes_after_kill_max']} |")
+    print(
+        "| largest orphaned bytes right after a kill (removed by the next start) | "
+        f"{r['orphan_bytes_after_kill_max']} |"
+    )
     print(f"| orphaned bytes in all run folders at the end | {r['orphan_bytes_at_end']} |")
-    print(f"| SIGTERMs: exit 143, steps lost, differing | {r['sigterm_runs'] - r['sigterm_finished_first']} stopped "
-          f"({r['sigterm_finished_first']} finished first), {len(r['sigterm_bad_exit'])} bad exits, "
-          f"{r['sigterm_steps_lost']} steps lost, {len(r['sigterm_differed'])} differing |")
-    print(f"| wall time | {r['seconds']} s (reference run {r['reference_seconds']} s, of which training "
-          f"{r['reference_training_seconds']} s) |")
+    print(
+        f"| SIGTERMs: exit 143, steps lost, differing | {r['sigterm_runs'] - r['sigterm_finished_first']} stopped "
+        f"({r['sigterm_finished_first']} finished first), {len(r['sigterm_bad_exit'])} bad exits, "
+        f"{r['sigterm_steps_lost']} steps lost, {len(r['sigterm_differed'])} differing |"
+    )
+    print(
+        f"| wall time | {r['seconds']} s (reference run {r['reference_seconds']} s, of which training "
+        f"{r['reference_training_seconds']} s) |"
+    )
 
 
 if __name__ == "__main__":

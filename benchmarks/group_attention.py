@@ -15,6 +15,7 @@ scores and masks; the model is allocated before). "attention tensors" is the siz
 of the scores a step keeps per attention layer (dense: B·H·N·N floats plus an N·N mask; packed:
 G·H·L·L plus its mask), computed from the shapes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,6 +77,7 @@ def make_batch(n_tokens: int, batch: int, seed: int):
 
     from onmt_doc.data.batching import collate
     from onmt_doc.data.instances import Example, mark_sentence
+
     rng = np.random.default_rng(seed)
     examples = []
     for i in range(batch):
@@ -106,10 +108,14 @@ def attention_only(args) -> dict:
     import torch
 
     from onmt_doc.modules import group_attention
+
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    plan_self, attend = ((group_attention.plan_self, group_attention.group_attend) if args.variant == "packed"
-                         else dense_patch(args.variant == "dense_explicit"))
+    plan_self, attend = (
+        (group_attention.plan_self, group_attention.group_attend)
+        if args.variant == "packed"
+        else dense_patch(args.variant == "dense_explicit")
+    )
     batch = make_batch(args.length, args.batch, seed=1)
     tags, keep = batch.src_groups, batch.src.ne(0)
     shape = (batch.size, args.heads, tags.size(1), args.d_model // args.heads)
@@ -122,8 +128,13 @@ def attention_only(args) -> dict:
     before = _rss_kib()
     step()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"what": "attention", "variant": args.variant, "length": args.length, **_timed(step, args.repeats * 3),
-            "step_mem_mib": (peak - before) / 1024}
+    return {
+        "what": "attention",
+        "variant": args.variant,
+        "length": args.length,
+        **_timed(step, args.repeats * 3),
+        "step_mem_mib": (peak - before) / 1024,
+    }
 
 
 def one(args) -> dict:
@@ -133,28 +144,43 @@ def one(args) -> dict:
 
     from onmt_doc.config import config_from_dict
     from onmt_doc.models.builder import build_model
+
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     if args.what == "attention":
         return attention_only(args)
     if args.variant != "packed":
         dense_patch(args.variant == "dense_explicit")
-    part = {"type": "g_transformer", "layers": args.layers, "heads": args.heads, "ff": args.ff,
-            "global_layers": args.global_layers}
-    cfg = config_from_dict({"model": {"d_model": args.d_model, "dropout": 0.1, "attention_dropout": 0.0,
-                                      "encoder": part,
-                                      "decoder": {**part, "global_cross_layers": args.global_layers}}})
+    part = {
+        "type": "g_transformer",
+        "layers": args.layers,
+        "heads": args.heads,
+        "ff": args.ff,
+        "global_layers": args.global_layers,
+    }
+    cfg = config_from_dict(
+        {
+            "model": {
+                "d_model": args.d_model,
+                "dropout": 0.1,
+                "attention_dropout": 0.0,
+                "encoder": part,
+                "decoder": {**part, "global_cross_layers": args.global_layers},
+            }
+        }
+    )
     model = build_model(cfg.model, benchmark_codec()).train()
     batch = make_batch(args.length, args.batch, seed=1)
     weight = torch.randn(batch.tgt_in.size(1), args.d_model)
 
-    def step():   # encoder + decoder forward and backward (no output layer: its cost does not depend on attention)
+    def step():  # encoder + decoder forward and backward (no output layer: its cost does not depend on attention)
         hidden = model.decoder(batch.tgt_in, model.encoder(batch), batch).hidden
         (hidden * weight).sum().backward()
 
     before = _rss_kib()
     step()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
     def zero_and_step():
         model.zero_grad(set_to_none=True)
         step()
@@ -162,16 +188,23 @@ def one(args) -> dict:
     timing = _timed(zero_and_step, args.repeats)
     lengths = batch.src_groups.max(1).values
     longest = int(torch.bincount(batch.src_groups[0]).max())
-    n_attn = 3 * args.layers                # encoder self, decoder self and cross per layer
+    n_attn = 3 * args.layers  # encoder self, decoder self and cross per layer
     heads, n = args.heads, batch.src.size(1)
     if args.variant != "packed":
         attn_bytes = n_attn * (batch.size * heads * n * n * 4 + batch.size * n * n)
     else:
         g = int(lengths.sum())
         attn_bytes = n_attn * (g * heads * longest * longest * 4 + g * longest * longest)
-    return {"what": "model", "variant": args.variant, "length": args.length, "tokens": int(batch.n_src_tokens),
-            "sentences": int(lengths.sum()), **timing,
-            "step_mem_mib": (peak - before) / 1024, "attn_mib": attn_bytes / 2 ** 20}
+    return {
+        "what": "model",
+        "variant": args.variant,
+        "length": args.length,
+        "tokens": int(batch.n_src_tokens),
+        "sentences": int(lengths.sum()),
+        **timing,
+        "step_mem_mib": (peak - before) / 1024,
+        "attn_mib": attn_bytes / 2**20,
+    }
 
 
 VARIANTS = ["packed", "dense", "dense_explicit"]
@@ -181,8 +214,7 @@ def _child(args, what: str, variant: str, length: int) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--what", what, "--variant", variant, "--length", str(length)]
     for key in ("batch", "d_model", "layers", "heads", "ff", "global_layers", "threads", "repeats"):
         cmd += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
-    out = subprocess.run(cmd, capture_output=True, text=True,
-                         env=thread_env(args.threads))
+    out = subprocess.run(cmd, capture_output=True, text=True, env=thread_env(args.threads))
     if out.returncode:
         raise SystemExit(out.stderr)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -192,21 +224,25 @@ def _table(rows: list, lengths: list) -> None:
     def get(what, variant, length):
         return next(r for r in rows if r["what"] == what and r["variant"] == variant and r["length"] == length)
 
-    print("| tokens/instance | attention fwd+bwd CPU s: packed / dense SDPA / dense explicit | attention peak MiB: "
-          "packed / dense SDPA / dense explicit | enc+dec step CPU s: packed / dense SDPA (speed-up) | enc+dec "
-          "step wall s: packed / dense SDPA | enc+dec step MiB: packed / dense SDPA | scores+mask MiB per "
-          "step: packed / dense |")
+    print(
+        "| tokens/instance | attention fwd+bwd CPU s: packed / dense SDPA / dense explicit | attention peak MiB: "
+        "packed / dense SDPA / dense explicit | enc+dec step CPU s: packed / dense SDPA (speed-up) | enc+dec "
+        "step wall s: packed / dense SDPA | enc+dec step MiB: packed / dense SDPA | scores+mask MiB per "
+        "step: packed / dense |"
+    )
     print("|---|---|---|---|---|---|---|")
     for n in lengths:
         a = [get("attention", v, n) for v in VARIANTS]
         m = [get("model", v, n) for v in VARIANTS[:2]]
         times = " / ".join(f"{r['step_cpu_s']:.4f}" for r in a)
         mems = " / ".join(f"{r['step_mem_mib']:.0f}" for r in a)
-        print(f"| {n} | {times} | {mems} "
-              f"| {m[0]['step_cpu_s']:.3f} / {m[1]['step_cpu_s']:.3f} ({m[1]['step_cpu_s'] / m[0]['step_cpu_s']:.2f}×) "
-              f"| {m[0]['step_s']:.3f} / {m[1]['step_s']:.3f} "
-              f"| {m[0]['step_mem_mib']:.0f} / {m[1]['step_mem_mib']:.0f} "
-              f"| {m[0]['attn_mib']:.1f} / {m[1]['attn_mib']:.1f} |")
+        print(
+            f"| {n} | {times} | {mems} "
+            f"| {m[0]['step_cpu_s']:.3f} / {m[1]['step_cpu_s']:.3f} ({m[1]['step_cpu_s'] / m[0]['step_cpu_s']:.2f}×) "
+            f"| {m[0]['step_s']:.3f} / {m[1]['step_s']:.3f} "
+            f"| {m[0]['step_mem_mib']:.0f} / {m[1]['step_mem_mib']:.0f} "
+            f"| {m[0]['attn_mib']:.1f} / {m[1]['attn_mib']:.1f} |"
+        )
 
 
 def main() -> int:
@@ -217,8 +253,12 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--ff", type=int, default=1024)
-    p.add_argument("--global-layers", type=int, default=0,
-                   help="combined layers per stack (0 = group attention only: isolates its cost)")
+    p.add_argument(
+        "--global-layers",
+        type=int,
+        default=0,
+        help="combined layers per stack (0 = group attention only: isolates its cost)",
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default="runs/bench_group")
@@ -233,7 +273,7 @@ def main() -> int:
     rows = []
     for length in args.lengths:
         for what, variants in (("attention", VARIANTS), ("model", VARIANTS[:2])):
-            for variant in variants:   # interleaved, so host noise hits all alike
+            for variant in variants:  # interleaved, so host noise hits all alike
                 rows.append(_child(args, what, variant, length))
                 print(json.dumps(rows[-1]), file=sys.stderr)
     write_json(os.path.join(args.out, "results.json"), {"args": vars(args), "rows": rows})

@@ -9,6 +9,7 @@ Shapes are those of the benchmark decoder layer: 4 heads of 64, a batch of ~2048
 process (median of the repeats) so that machine drift hits all of them alike. The module uses
 the winner (``onmt_doc.modules.hplstm.linear_scan``); the others live here only.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,12 +63,12 @@ def chunked(f: torch.Tensor, hr: torch.Tensor, size: int = 16) -> torch.Tensor:
         p = p * fc[:, :, j]
         local.append(c)
         prods.append(p)
-    local_c, prod = torch.stack(local, 2), torch.stack(prods, 2)      # [G, K, size, ...]
+    local_c, prod = torch.stack(local, 2), torch.stack(prods, 2)  # [G, K, size, ...]
     carry, ends = torch.zeros_like(local_c[:, 0, 0]), []
     for j in range(k):
         ends.append(carry)
         carry = torch.addcmul(local_c[:, j, -1], prod[:, j, -1], carry)
-    carry_in = torch.stack(ends, 1).unsqueeze(2)                         # cell before each chunk
+    carry_in = torch.stack(ends, 1).unsqueeze(2)  # cell before each chunk
     return torch.addcmul(local_c, prod, carry_in).view(g, k * size, *hr.shape[2:])[:, :t]
 
 
@@ -78,13 +79,17 @@ class PythonLoopScan(LinearScan):
 
 
 CANDIDATES: dict[str, Scan] = {
-    "python loop (autograd)": python_loop, "doubling (Hillis-Steele)": doubling, "chunked (16)": chunked,
+    "python loop (autograd)": python_loop,
+    "doubling (Hillis-Steele)": doubling,
+    "chunked (16)": chunked,
     "python loop + hand backward": lambda f, hr: PythonLoopScan.apply(f, hr, torch.zeros_like(hr[:, 0])),
-    "TorchScript loop + hand backward (kept)": lambda f, hr: linear_scan(f, hr)}
+    "TorchScript loop + hand backward (kept)": lambda f, hr: linear_scan(f, hr),
+}
 
 
-def inputs(t: int, tokens: int, heads: int = 4, d_head: int = 64, gate_bias: float = 0.0,
-           dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+def inputs(
+    t: int, tokens: int, heads: int = 4, d_head: int = 64, gate_bias: float = 0.0, dtype=torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(t)
     n = max(tokens // t, 1) * d_head
     f = torch.sigmoid(torch.randn(heads, t, n, generator=g, dtype=dtype) + gate_bias)
@@ -119,8 +124,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     lengths = [int(x) for x in args.lengths.split(",")]
     print(f"torch {torch.__version__}, {args.threads} threads, ~{args.tokens} tokens per batch, 4 heads × 64")
-    print("\nexactness: max |difference| / max |value| against a float64 step-by-step loop "
-          "(c, dL/df, dL/dh_r), T = 256")
+    print(
+        "\nexactness: max |difference| / max |value| against a float64 step-by-step loop (c, dL/df, dL/dh_r), T = 256"
+    )
     for name, scan in CANDIDATES.items():
         errs = [max_error(scan, 256, bias) for bias in (0.0, -8.0, 8.0)]
         print(f"  {name:40s} f≈0.5: {errs[0]:.1e}   f≈3e-4: {errs[1]:.1e}   f≈0.9997: {errs[2]:.1e}")
@@ -131,7 +137,7 @@ def main() -> None:
     for t in lengths:
         f, hr = inputs(t, args.tokens)
         for scan in CANDIDATES.values():
-            fwd_bwd(scan, f, hr)                                        # warm-up (TorchScript)
+            fwd_bwd(scan, f, hr)  # warm-up (TorchScript)
         for _ in range(args.repeats):
             for name, scan in CANDIDATES.items():
                 start = time.perf_counter()

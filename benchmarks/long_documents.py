@@ -9,6 +9,7 @@ the input is one document of random 5-15-word sentences with no blank line.
 
     OMP_NUM_THREADS=1 python benchmarks/long_documents.py --threads 1 --sizes 100 1000 10000
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,12 +25,18 @@ from onmt_doc.translate.translator import Translator
 WORDS = 200
 LAYERS = {"layers": 2, "heads": 4, "ff": 256}
 MODELS = {
-    "Transformer (sentence)": {"encoder": {"type": "transformer", **LAYERS},
-                               "decoder": {"type": "transformer", **LAYERS}},
-    "HM-GDC (context)": {"encoder": {"type": "hierarchical", **LAYERS, "doc_layers": 1},
-                         "decoder": {"type": "doc_context", **LAYERS}},
-    "G-Transformer (document)": {"encoder": {"type": "g_transformer", **LAYERS, "global_layers": 1},
-                                 "decoder": {"type": "g_transformer", **LAYERS, "global_layers": 1}},
+    "Transformer (sentence)": {
+        "encoder": {"type": "transformer", **LAYERS},
+        "decoder": {"type": "transformer", **LAYERS},
+    },
+    "HM-GDC (context)": {
+        "encoder": {"type": "hierarchical", **LAYERS, "doc_layers": 1},
+        "decoder": {"type": "doc_context", **LAYERS},
+    },
+    "G-Transformer (document)": {
+        "encoder": {"type": "g_transformer", **LAYERS, "global_layers": 1},
+        "decoder": {"type": "g_transformer", **LAYERS, "global_layers": 1},
+    },
 }
 
 
@@ -38,8 +45,9 @@ def make_translator(model_section: dict, beam: int, window_sentences: int = 0, e
     ``end_bias`` raises the output bias of ``</s>``/``<eos>`` so that outputs end at a realistic
     length instead of running to the length cap."""
     codec = placeholder_codec(WORDS)
-    model, cfg = random_model({"d_model": 64, **model_section}, codec,
-                              translate={"beam": beam, "window_sentences": window_sentences})
+    model, cfg = random_model(
+        {"d_model": 64, **model_section}, codec, translate={"beam": beam, "window_sentences": window_sentences}
+    )
     with torch.no_grad():
         model.generator.bias[[EOS_SENT_ID, EOS_ID]] += end_bias
     return Translator(model, codec, cfg)
@@ -66,23 +74,30 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--end_bias", type=float, default=0.0, help="added to the </s>/<eos> output bias")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    p.add_argument("--whole_document_up_to", type=int, default=1000,
-                   help="also time HM-GDC with the whole document as one window (the old behaviour) "
-                        "for sizes up to this")
+    p.add_argument(
+        "--whole_document_up_to",
+        type=int,
+        default=1000,
+        help="also time HM-GDC with the whole document as one window (the old behaviour) for sizes up to this",
+    )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    rows = [(name, make_translator(MODELS[name], args.beam, end_bias=args.end_bias), args.sizes)
-            for name in args.models]
+    rows = [
+        (name, make_translator(MODELS[name], args.beam, end_bias=args.end_bias), args.sizes) for name in args.models
+    ]
     old = [n for n in args.sizes if n <= args.whole_document_up_to] if "HM-GDC (context)" in args.models else []
     print("| model | " + " | ".join(f"{n:,} sent./doc (ms/sent.)" for n in args.sizes) + " |")
     print("|---|" + "---|" * len(args.sizes))
     for name, translator, sizes in rows:
         cells = [f"{1000 * seconds_per_sentence(translator, n):.2f}" for n in sizes]
         print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
-    for n in old:   # whole document in one window: what translation did before windowing
+    for n in old:  # whole document in one window: what translation did before windowing
         translator = make_translator(MODELS["HM-GDC (context)"], args.beam, window_sentences=n, end_bias=args.end_bias)
-        print(f"| HM-GDC, whole document as one window (old), {n:,} sent. | "
-              f"{1000 * seconds_per_sentence(translator, n):.2f} |", flush=True)
+        print(
+            f"| HM-GDC, whole document as one window (old), {n:,} sent. | "
+            f"{1000 * seconds_per_sentence(translator, n):.2f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ CPU scale): same encoder, sizes, vocabulary, batches, schedule and steps.
     flock /tmp/onmt_bench.lock python benchmarks/mhplstm.py --out runs/bench_mhplstm --steps 300
     python benchmarks/mhplstm.py --out runs/bench_mhplstm_smoke --steps 10 --rounds 1   # smoke test
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,15 +40,14 @@ from common import (
 )
 from synthetic import forced_long_decode
 
-BUCKETS = [(0, 15), (15, 30), (30, 45), (45, 10 ** 6)]
+BUCKETS = [(0, 15), (15, 30), (30, 45), (45, 10**6)]
 
 
 def model_configs(args: argparse.Namespace, out: str) -> dict[str, dict]:
     """The two models' configs: the same recipe, only the decoder type differs."""
     shape = {"layers": args.layers, "heads": 4, "ff": 4 * args.d_model}
     configs = {}
-    for name, decoder in (("transformer", {"type": "transformer", **shape}),
-                          ("mhplstm", {"type": "mhplstm", **shape})):
+    for name, decoder in (("transformer", {"type": "transformer", **shape}), ("mhplstm", {"type": "mhplstm", **shape})):
         cfg = base_config(args, f"{out}/{name}/run")
         cfg["model"]["decoder"] = decoder
         cfg["train"]["batch_tokens"] = args.batch_tokens
@@ -60,18 +60,32 @@ def train_and_score(args: argparse.Namespace, out: str, name: str, cfg: dict) ->
     path, ckpt = prepare_run(cfg, out, name)
     row: dict = {"config": path, "checkpoint": ckpt}
     if not os.path.exists(ckpt):
-        row["train_seconds"], _, err = timed([*tool("onmt_doc_train"), "-config", path], f"{out}/{name}_train.log",
-                                             args.threads)
+        row["train_seconds"], _, err = timed(
+            [*tool("onmt_doc_train"), "-config", path], f"{out}/{name}_train.log", args.threads
+        )
     else:
         with open(f"{out}/{name}_train.log", encoding="utf-8") as f:
             err = f.read()
     row["logged_tok_per_s"] = logged_tok_rate(err)
     row["valid"] = last_validation(err)
     m30k = multi30k(args.data)
-    cmd = [*tool("onmt_doc_translate"), "-model", ckpt, "-src", f"{m30k}/test2016.en", "-tgt", f"{m30k}/test2016.de",
-           "-beam", "4", "-threads", str(args.threads), "-output", f"{out}/{name}/test.hyp"]
+    cmd = [
+        *tool("onmt_doc_translate"),
+        "-model",
+        ckpt,
+        "-src",
+        f"{m30k}/test2016.en",
+        "-tgt",
+        f"{m30k}/test2016.de",
+        "-beam",
+        "4",
+        "-threads",
+        str(args.threads),
+        "-output",
+        f"{out}/{name}/test.hyp",
+    ]
     translated = f"{out}/{name}_translate.log"
-    if os.path.exists(f"{out}/{name}/test.hyp") and os.path.exists(translated):   # a finished run
+    if os.path.exists(f"{out}/{name}/test.hyp") and os.path.exists(translated):  # a finished run
         with open(translated, encoding="utf-8") as f:
             err = f.read()
     else:
@@ -82,6 +96,7 @@ def train_and_score(args: argparse.Namespace, out: str, name: str, cfg: dict) ->
 
 def load(ckpt: str):
     from onmt_doc.models.checkpoint import load_model
+
     model, cfg, codec = load_model(ckpt, "cpu")
     return model.eval(), cfg, codec
 
@@ -93,12 +108,12 @@ def sentence_batches(codec, lines: list[str], size: int = 32):
 
     ids = sorted((codec.encode([line], "src")[0] for line in lines), key=len)
     examples = [Example(mark_sentence(s), mark_sentence([]), i, 0, 1) for i, s in enumerate(ids)]
-    return [collate(examples[i:i + size]) for i in range(0, len(examples), size)]
+    return [collate(examples[i : i + size]) for i in range(0, len(examples), size)]
 
 
 def bucket_sentences(codec, per_bucket: int, data: str) -> dict[str, list[str]]:
     """Up to ``per_bucket`` sentences per source-subword bucket: test2016 first, newstest after."""
-    out: dict[str, list[str]] = {f"{lo}-{hi}" if hi < 10 ** 6 else f">{lo}": [] for lo, hi in BUCKETS}
+    out: dict[str, list[str]] = {f"{lo}-{hi}" if hi < 10**6 else f">{lo}": [] for lo, hi in BUCKETS}
     keys = list(out)
     for path in (f"{multi30k(data)}/test2016.en", f"{data}/news-sent-en-de/newstest2008-2013.en"):
         with open(path, encoding="utf-8") as f:
@@ -132,8 +147,7 @@ def time_decoding(models: dict, batches: list, rounds: int) -> dict[str, dict[st
                 tokens[name] = tokens[name] + sum(len(h[0].tokens) + 1 for h in hyps)
         for name in models:
             seconds[name].append(total[name])
-    return {name: {"seconds": statistics.median(seconds[name]), "out_tokens": tokens[name] / rounds}
-            for name in models}
+    return {name: {"seconds": statistics.median(seconds[name]), "out_tokens": tokens[name] / rounds} for name in models}
 
 
 def time_long_outputs(models: dict, batch, steps: int, rounds: int) -> dict[str, float]:
@@ -160,7 +174,7 @@ def time_training(configs: dict, out: str, steps: int) -> dict[str, float]:
     first = next(iter(cfgs.values()))
     codec = load_codec(first, first.log.dir)
     examples, _ = load_examples(first, codec, first.data.train.src, first.data.train.tgt, "sentence", first.log.dir)
-    order = BatchSampler(examples, first.train.batch_tokens, seed=first.train.seed).epoch_batches(0)[:steps + 2]
+    order = BatchSampler(examples, first.train.batch_tokens, seed=first.train.seed).epoch_batches(0)[: steps + 2]
     batches = [collate([examples[i] for i in idx], idx) for idx in order]
     models, opts = {}, {}
     for name, cfg in cfgs.items():
@@ -177,7 +191,7 @@ def time_training(configs: dict, out: str, steps: int) -> dict[str, float]:
             loss.backward()
             opts[name].step()
             opts[name].zero_grad()
-            if i >= 2:                                           # first two: warm-up
+            if i >= 2:  # first two: warm-up
                 seconds[name].append(time.perf_counter() - start)
         if i >= 2:
             tokens.append(int(batch.tgt_out.ne(0).sum()))
@@ -217,18 +231,26 @@ def main() -> None:
     overall = {name: {"seconds": 0.0, "out_tokens": 0.0} for name in models}
     for key, lines in buckets.items():
         timing = time_decoding(models, sentence_batches(codec, lines), args.rounds)
-        decoding[key] = {"sentences": len(lines), **{n: len(lines) / t["seconds"] for n, t in timing.items()},
-                         **{f"{n}_out_tokens": t["out_tokens"] / len(lines) for n, t in timing.items()}}
+        decoding[key] = {
+            "sentences": len(lines),
+            **{n: len(lines) / t["seconds"] for n, t in timing.items()},
+            **{f"{n}_out_tokens": t["out_tokens"] / len(lines) for n, t in timing.items()},
+        }
         for name, t in timing.items():
             overall[name]["seconds"] += t["seconds"]
             overall[name]["out_tokens"] += t["out_tokens"]
         log(f"decoding {key}: {decoding[key]}")
     n_all = sum(len(lines) for lines in buckets.values())
-    decoding["overall (all buckets)"] = {"sentences": n_all, **{n: n_all / t["seconds"] for n, t in overall.items()},
-                                         **{f"{n}_out_tokens": t["out_tokens"] / n_all for n, t in overall.items()}}
+    decoding["overall (all buckets)"] = {
+        "sentences": n_all,
+        **{n: n_all / t["seconds"] for n, t in overall.items()},
+        **{f"{n}_out_tokens": t["out_tokens"] / n_all for n, t in overall.items()},
+    }
     long_batch = sentence_batches(codec, buckets[list(buckets)[1]][:32])[0]
     decoding[f"long outputs ({args.long_steps} steps)"] = {
-        "sentences": long_batch.size, **time_long_outputs(models, long_batch, args.long_steps, args.rounds)}
+        "sentences": long_batch.size,
+        **time_long_outputs(models, long_batch, args.long_steps, args.rounds),
+    }
     results.update(models=rows, decoding=decoding)
     write_results(out, results, render)
 
@@ -236,22 +258,31 @@ def main() -> None:
 def render(results: dict) -> str:
     a, m, d = results["args"], results["models"], results["decoding"]
     t, h = m["transformer"], m["mhplstm"]
-    lines = [f"Machine: {results['machine']}; torch {results['torch']}, {a['threads']} threads. Model: d_model "
-             f"{a['d_model']}, {a['layers']}+{a['layers']} layers, 4 heads, ff {4 * a['d_model']}, {a['steps']} "
-             f"steps of {a['batch_tokens']} tokens; beam 4, 32 sentences per batch.", "",
-             "| | Transformer decoder | MHPLSTM decoder | MHPLSTM / Transformer | goal |", "|---|---:|---:|---:|---|",
-             f"| parameters | {t['params']:,} | {h['params']:,} | {h['params'] / t['params']:.3f} | |",
-             f"| training: target tokens/s (fwd+bwd+Adam, alternating, median) | {t['train_tok_per_s']:.0f} | "
-             f"{h['train_tok_per_s']:.0f} | {h['train_tok_per_s'] / t['train_tok_per_s']:.2f}× | ≥ 1.1× |",
-             "| training: tgt tok/s as onmt_doc_train logged it (runs not interleaved) | "
-             f"{t['logged_tok_per_s']:.0f} | "
-             f"{h['logged_tok_per_s']:.0f} | {h['logged_tok_per_s'] / t['logged_tok_per_s']:.2f}× | |"]
+    lines = [
+        f"Machine: {results['machine']}; torch {results['torch']}, {a['threads']} threads. Model: d_model "
+        f"{a['d_model']}, {a['layers']}+{a['layers']} layers, 4 heads, ff {4 * a['d_model']}, {a['steps']} "
+        f"steps of {a['batch_tokens']} tokens; beam 4, 32 sentences per batch.",
+        "",
+        "| | Transformer decoder | MHPLSTM decoder | MHPLSTM / Transformer | goal |",
+        "|---|---:|---:|---:|---|",
+        f"| parameters | {t['params']:,} | {h['params']:,} | {h['params'] / t['params']:.3f} | |",
+        f"| training: target tokens/s (fwd+bwd+Adam, alternating, median) | {t['train_tok_per_s']:.0f} | "
+        f"{h['train_tok_per_s']:.0f} | {h['train_tok_per_s'] / t['train_tok_per_s']:.2f}× | ≥ 1.1× |",
+        "| training: tgt tok/s as onmt_doc_train logged it (runs not interleaved) | "
+        f"{t['logged_tok_per_s']:.0f} | "
+        f"{h['logged_tok_per_s']:.0f} | {h['logged_tok_per_s'] / t['logged_tok_per_s']:.2f}× | |",
+    ]
     for key, row in d.items():
         goal = "≥ 1.7×" if key.startswith("overall") else ("more than overall" if key.startswith((">", "long")) else "")
-        length = (f" (output tokens/sentence {row['transformer_out_tokens']:.1f} / {row['mhplstm_out_tokens']:.1f})"
-                  if "mhplstm_out_tokens" in row else "")
-        lines.append(f"| decoding sent/s: {key}, {row['sentences']} sentences{length} | {row['transformer']:.1f} | "
-                     f"{row['mhplstm']:.1f} | {row['mhplstm'] / row['transformer']:.2f}× | {goal} |")
+        length = (
+            f" (output tokens/sentence {row['transformer_out_tokens']:.1f} / {row['mhplstm_out_tokens']:.1f})"
+            if "mhplstm_out_tokens" in row
+            else ""
+        )
+        lines.append(
+            f"| decoding sent/s: {key}, {row['sentences']} sentences{length} | {row['transformer']:.1f} | "
+            f"{row['mhplstm']:.1f} | {row['mhplstm'] / row['transformer']:.2f}× | {goal} |"
+        )
         if "mhplstm_out_tokens" in row:
             t_tok, h_tok = (row[n] * row[f"{n}_out_tokens"] for n in ("transformer", "mhplstm"))
             lines.append(f"| decoding output tokens/s: {key} | {t_tok:.0f} | {h_tok:.0f} | {h_tok / t_tok:.2f}× | |")

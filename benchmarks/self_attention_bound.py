@@ -19,6 +19,7 @@ replacement), and the MHPLSTM decoder of the same shape, alternated round by rou
 Random weights: only speed is measured (forced decoding runs the same steps whatever the model
 predicts).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,6 +39,7 @@ from onmt_doc.optim.optimizers import build_optimizer
 def without_self_attention(model):
     """The decoder layers skip their self-attention sublayer (its residual adds nothing)."""
     for layer in model.decoder.layers:
+
         def forward(self, x, memory_kv, memory_mask, context=None):
             x = self.cross_res(x, lambda h: self.source_attention(h, memory_kv, memory_mask, context))
             return self.ff_res(x, self.ff)
@@ -53,8 +55,9 @@ def without_self_attention(model):
 def build(decoder: dict, codec):
     """The benchmark shape with ``decoder``, seeded weights, and its config (for the optimizer)."""
     torch.manual_seed(0)
-    cfg = config_from_dict({"model": {**BENCHMARK_SHAPE, "decoder": decoder},
-                            "optim": {"betas": [0.9, 0.998], "eps": 1e-8}})
+    cfg = config_from_dict(
+        {"model": {**BENCHMARK_SHAPE, "decoder": decoder}, "optim": {"betas": [0.9, 0.998], "eps": 1e-8}}
+    )
     return build_model(cfg.model, codec), cfg
 
 
@@ -69,9 +72,11 @@ def main() -> None:
     codec = benchmark_codec()
     shape = BENCHMARK_SHAPE["decoder"]
     variants = {}
-    for name, decoder, strip in (("transformer", shape, False),
-                                 ("no self-attention", shape, True),
-                                 ("mhplstm", {**shape, "type": "mhplstm"}, False)):
+    for name, decoder, strip in (
+        ("transformer", shape, False),
+        ("no self-attention", shape, True),
+        ("mhplstm", {**shape, "type": "mhplstm"}, False),
+    ):
         model, cfg = build(decoder, codec)
         variants[name] = (without_self_attention(model) if strip else model, cfg)
     batch = random_batch(2262)
@@ -83,7 +88,7 @@ def main() -> None:
     decode_s = {(name, n): [] for name in variants for n in map(int, args.steps.split(","))}
     loss_fn = build_losses(next(iter(variants.values()))[1].loss)[0]
     opts = {name: build_optimizer(cfg.optim, [{"params": m.parameters()}]) for name, (m, cfg) in variants.items()}
-    for r in range(args.rounds + 1):                                   # round 0: warm-up
+    for r in range(args.rounds + 1):  # round 0: warm-up
         for name, (model, _) in variants.items():
             model.train()
             start = time.perf_counter()
@@ -95,7 +100,7 @@ def main() -> None:
             if r:
                 train_s[name].append((time.perf_counter() - start) / args.train_steps)
             model.eval()
-            for (vname, n) in decode_s:
+            for vname, n in decode_s:
                 if vname == name:
                     start = time.perf_counter()
                     forced_long_decode(model, decode_batch, n)
@@ -105,8 +110,10 @@ def main() -> None:
     def ratio(times: list[float], base: list[float]) -> float:
         return statistics.median(b / t for b, t in zip(base, times))
 
-    print(f"training: {batch.size} pairs, {batch.n_tgt_tokens} target tokens per step; decoding: 32 sentences × "
-          f"beam 4; {args.rounds} rounds; speed relative to the Transformer (median of per-round ratios)")
+    print(
+        f"training: {batch.size} pairs, {batch.n_tgt_tokens} target tokens per step; decoding: 32 sentences × "
+        f"beam 4; {args.rounds} rounds; speed relative to the Transformer (median of per-round ratios)"
+    )
     base = train_s["transformer"]
     for name, ts in train_s.items():
         print(f"  training   {name:18s} {statistics.median(ts) * 1000:7.1f} ms/step   {ratio(ts, base):.2f}×")

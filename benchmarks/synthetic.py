@@ -4,6 +4,7 @@ measure speed or memory only (no training data, no files), and a forced-length b
 Shared by the benchmark scripts (``from synthetic import ...``, this folder being first on
 ``sys.path`` when a script runs) so that none of them imports another benchmark or ``tests/``.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,8 +19,11 @@ from onmt_doc.data.vocab import SPECIALS, Vocab
 from onmt_doc.models.builder import build_model
 
 # the Multi30k benchmark Transformer (d_model 256, 3+3 layers, 4 heads, ff 1024)
-BENCHMARK_SHAPE = {"d_model": 256, "encoder": {"layers": 3, "heads": 4, "ff": 1024},
-                   "decoder": {"type": "transformer", "layers": 3, "heads": 4, "ff": 1024}}
+BENCHMARK_SHAPE = {
+    "d_model": 256,
+    "encoder": {"layers": 3, "heads": 4, "ff": 1024},
+    "decoder": {"type": "transformer", "layers": 3, "heads": 4, "ff": 1024},
+}
 
 
 def placeholder_codec(words: int) -> Codec:
@@ -38,8 +42,9 @@ def random_model(model_section: dict, codec: Codec, seed: int = 0, **config):
     """A model of ``model_section`` (d_model 32 and no dropout unless it says otherwise) with
     seeded random weights, in eval mode, and its config; ``config`` adds further config sections."""
     torch.manual_seed(seed)
-    cfg = config_from_dict({"model": {"d_model": 32, "dropout": 0.0, "attention_dropout": 0.0, **model_section},
-                            **config})
+    cfg = config_from_dict(
+        {"model": {"d_model": 32, "dropout": 0.0, "attention_dropout": 0.0, **model_section}, **config}
+    )
     return build_model(cfg.model, codec).eval(), cfg
 
 
@@ -48,9 +53,16 @@ def sized_batch(sizes: list[tuple[int, int]], words: int, seed: int = 0) -> Batc
     vocabulary: uneven lengths give padding."""
     rng = np.random.default_rng(seed)
     first = len(SPECIALS)
-    examples = [Example(mark_sentence(rng.integers(first, first + words, s)),
-                        mark_sentence(rng.integers(first, first + words, t)), i, 0, 1)
-                for i, (s, t) in enumerate(sizes)]
+    examples = [
+        Example(
+            mark_sentence(rng.integers(first, first + words, s)),
+            mark_sentence(rng.integers(first, first + words, t)),
+            i,
+            0,
+            1,
+        )
+        for i, (s, t) in enumerate(sizes)
+    ]
     return collate(examples, np.arange(len(examples)))
 
 

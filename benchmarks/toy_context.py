@@ -11,6 +11,7 @@ reports BLEU, d-BLEU and the accuracy on the pronouns whose form depends on the 
 (a sentence-level model can only guess: about 1/3). Later document-level models add an entry to
 SYSTEMS.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,16 +28,17 @@ HM_DEC = "{type: doc_context, layers: 2, heads: 4, ff: 256}"
 G_PART = "{type: g_transformer, layers: 2, heads: 4, ff: 256, global_layers: 1}"
 SYSTEMS = {
     "transformer": [],
-    "g_transformer": [f"model.encoder={G_PART}",
-                      "model.decoder={type: g_transformer, layers: 2, heads: 4, ff: 256, global_layers: 1, "
-                      "global_cross_layers: 1}", "data.max_tokens=128"],
+    "g_transformer": [
+        f"model.encoder={G_PART}",
+        "model.decoder={type: g_transformer, layers: 2, heads: 4, ff: 256, global_layers: 1, global_cross_layers: 1}",
+        "data.max_tokens=128",
+    ],
     # HM-GDC readings of eqs. 5-6 (docs/models/hm_gdc.md): hm_gdc = the defaults (every word reads
     # its own sentence's slot H^S_i), hm_gdc_document = every word attends over all H^S_k;
     # hm_gdc_own_decoder also restricts the DocEnc-Decoder attention to the sentence's own words
     "hm_gdc": [f"model.encoder={HM_PART}", f"model.decoder={HM_DEC}"],
     "hm_gdc_document": [f"model.encoder={HM_PART}", "model.encoder.context=document", f"model.decoder={HM_DEC}"],
-    "hm_gdc_own_decoder": [f"model.encoder={HM_PART}", f"model.decoder={HM_DEC}",
-                           "model.decoder.context=own_sentence"],
+    "hm_gdc_own_decoder": [f"model.encoder={HM_PART}", f"model.decoder={HM_DEC}", "model.decoder.context=own_sentence"],
 }
 
 
@@ -46,11 +48,17 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS))
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="extra config overrides for every system (ablations, e.g. model.encoder.doc_layers=2)")
+    p.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra config overrides for every system (ablations, e.g. model.encoder.doc_layers=2)",
+    )
     args = p.parse_args()
     from onmt_doc.evaluation.toy_pronouns import score_context
     from onmt_doc.toy.corpus import write_corpus
+
     out = os.path.abspath(args.out)
     data = os.path.join(out, "data")
     write_corpus(data, seed=1)
@@ -58,25 +66,57 @@ def main() -> int:
     rows = {}
     for name in args.systems:
         run_dir = os.path.join(out, name)
-        overrides = [f"data.{split}.{side}={data}/{split}.{side}" for split in ("train", "valid")
-                     for side in ("src", "tgt")]
-        overrides += [f"log.dir={run_dir}", f"train.max_steps={args.steps}", f"train.valid_every={args.steps}",
-                      f"train.save_every={args.steps}", "log.tensorboard=false", f"train.threads={args.threads}",
-                      *SYSTEMS[name], *args.set]
+        overrides = [
+            f"data.{split}.{side}={data}/{split}.{side}" for split in ("train", "valid") for side in ("src", "tgt")
+        ]
+        overrides += [
+            f"log.dir={run_dir}",
+            f"train.max_steps={args.steps}",
+            f"train.valid_every={args.steps}",
+            f"train.save_every={args.steps}",
+            "log.tensorboard=false",
+            f"train.threads={args.threads}",
+            *SYSTEMS[name],
+            *args.set,
+        ]
         env = thread_env(args.threads)
         t0 = time.time()
-        subprocess.run([sys.executable, "-m", "onmt_doc.bin.train", "-config", config, *overrides], check=True,
-                       stdout=subprocess.DEVNULL, stderr=open(os.path.join(out, f"{name}.train.log"), "w"), env=env)
+        subprocess.run(
+            [sys.executable, "-m", "onmt_doc.bin.train", "-config", config, *overrides],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=open(os.path.join(out, f"{name}.train.log"), "w"),
+            env=env,
+        )
         train_s = time.time() - t0
         hyp = os.path.join(run_dir, "test.hyp")
-        res = subprocess.run([sys.executable, "-m", "onmt_doc.bin.translate", "-model",
-                              os.path.join(run_dir, "checkpoints", "last.pt"), "-src", f"{data}/test.src",
-                              "-tgt", f"{data}/test.tgt", "-output", hyp],
-                             check=True, capture_output=True, text=True, env=env)
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "onmt_doc.bin.translate",
+                "-model",
+                os.path.join(run_dir, "checkpoints", "last.pt"),
+                "-src",
+                f"{data}/test.src",
+                "-tgt",
+                f"{data}/test.tgt",
+                "-output",
+                hyp,
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+            env=env,
+        )
         bleu_line = score_line(res.stderr)
         ctx = score_context(hyp, os.path.join(data, "test.ctx"))
-        rows[name] = {"train_s": train_s, "scores": bleu_line, "pronoun_acc": 100 * ctx["accuracy"],
-                      "pronouns": ctx["total"]}
+        rows[name] = {
+            "train_s": train_s,
+            "scores": bleu_line,
+            "pronoun_acc": 100 * ctx["accuracy"],
+            "pronouns": ctx["total"],
+        }
         print(json.dumps({name: rows[name]}), file=sys.stderr)
     write_json(os.path.join(out, "results.json"), rows)
     print("| system | train time | scores | context-dependent pronouns |")

@@ -15,6 +15,7 @@ benchmarks/transformer_vs_onmt.py). Each round times ``--steps`` steps of every 
 so a drifting machine affects all of them alike; the report gives medians and the median of the
 per-round ratios.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -89,14 +90,19 @@ def main() -> None:
             for _ in range(args.steps):
                 step()
             times[name].append((time.perf_counter() - start) / args.steps)
-    print(f"{batch.size} sentence pairs, {batch.n_tgt_tokens} target tokens per step; "
-          f"{args.rounds} rounds of {args.steps} steps per variant")
+    print(
+        f"{batch.size} sentence pairs, {batch.n_tgt_tokens} target tokens per step; "
+        f"{args.rounds} rounds of {args.steps} steps per variant"
+    )
     base = next(iter(times))
     for name, ts in times.items():
         ratio = statistics.median(a / b for a, b in zip(times[base], ts))
-        print(f"{name:8s} {statistics.median(ts) * 1000:6.0f} ms/step (rounds: "
-              f"{', '.join(f'{t * 1000:.0f}' for t in ts)}), {batch.n_tgt_tokens / statistics.median(ts):6.0f} "
-              f"target tokens/s, speed vs {base}: {ratio:.2f}×", flush=True)
+        print(
+            f"{name:8s} {statistics.median(ts) * 1000:6.0f} ms/step (rounds: "
+            f"{', '.join(f'{t * 1000:.0f}' for t in ts)}), {batch.n_tgt_tokens / statistics.median(ts):6.0f} "
+            f"target tokens/s, speed vs {base}: {ratio:.2f}×",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ Smoke test:
 Re-read a finished run and print/update the report:
     python benchmarks/transformer_vs_onmt.py --steps 1000 --out runs/bench_transformer --report-only
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,9 +68,9 @@ from common import (
 )
 
 SECTION = "## Sentence Transformer vs OpenNMT-py 3.5.1 / CTranslate2 (multi30k)"
-OURS_SEED = 1   # onmt_doc train.seed (OpenNMT-py gets --seed)
+OURS_SEED = 1  # onmt_doc train.seed (OpenNMT-py gets --seed)
 TARGETS = {"train": 1.25, "translate": 1.5, "bleu": -0.5}
-MONITOR = CpuMonitor()   # one per process: every phase asks it how busy the rest of the machine was
+MONITOR = CpuMonitor()  # one per process: every phase asks it how busy the rest of the machine was
 
 
 def report_every(steps: int) -> int:
@@ -79,8 +80,10 @@ def report_every(steps: int) -> int:
 
 # ----------------------------------------------------------------------------- batching replays
 
-def onmt_doc_batches(n_src: np.ndarray, n_tgt: np.ndarray, batch_tokens: int, seed: int,
-                     steps: int) -> list[np.ndarray]:
+
+def onmt_doc_batches(
+    n_src: np.ndarray, n_tgt: np.ndarray, batch_tokens: int, seed: int, steps: int
+) -> list[np.ndarray]:
     """The example indices of onmt_doc's first ``steps`` training batches (its own BatchSampler on
     stand-in examples with the same lengths and markup as sentence_instances builds)."""
     from onmt_doc.data.batching import BatchSampler
@@ -108,8 +111,9 @@ def onmt_doc_epoch_mean(n_src: np.ndarray, n_tgt: np.ndarray, batch_tokens: int,
     return float(n_tgt.sum()) / len(batches)
 
 
-def onmt_py_bucket_batches(src_text: list[str], n_src: np.ndarray, n_tgt: np.ndarray,
-                           batch_tokens: int, bucket_size: int = 262144) -> list[list[int]]:
+def onmt_py_bucket_batches(
+    src_text: list[str], n_src: np.ndarray, n_tgt: np.ndarray, batch_tokens: int, bucket_size: int = 262144
+) -> list[list[int]]:
     """OpenNMT-py 3.5.1's first bucket cut into batches (DynamicDatasetIter.batch_iter): the
     WeightedMixer cycles the corpus to fill ``bucket_size`` examples, the bucket is stably sorted
     by (len(src_ids), len(tgt_ids)) with tgt_ids = <s> + tgt + </s>, and a batch closes when
@@ -143,8 +147,9 @@ def onmt_py_bucket_batches(src_text: list[str], n_src: np.ndarray, n_tgt: np.nda
     return batches
 
 
-def calibrate_batch_tokens(target: float, n_src: np.ndarray, n_tgt: np.ndarray, seed: int,
-                           lo: int = 1024, hi: int = 8192) -> int:
+def calibrate_batch_tokens(
+    target: float, n_src: np.ndarray, n_tgt: np.ndarray, seed: int, lo: int = 1024, hi: int = 8192
+) -> int:
     """Smallest batch_tokens whose epoch mean of real target tokens per batch is closest to ``target``."""
     best, best_err = lo, float("inf")
     a, b = lo, hi
@@ -163,12 +168,18 @@ def calibrate_batch_tokens(target: float, n_src: np.ndarray, n_tgt: np.ndarray, 
             best, best_err = m, abs(v - target)
     return best
 
+
 # ----------------------------------------------------------------------------- log parsers
 
-STEP_RE = re.compile(r"step (\d+)/\d+ \| loss ([\d.]+) \| ppl ([\d.]+) \| acc ([\d.]+)% \| lr (\S+) \| "
-                     r"gnorm (\S+) \| (\d+) tgt tok/s")
-ONMT_STEP_RE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d+) INFO\] Step\s+(\d+)/\s*\d+;.*?ppl:\s*([\d.]+);"
-                          r".*?bsz:\s*(\d+)/(\d+)/(\d+);\s*(\d+)/(\d+) tok/s;\s*(\d+) sec", re.M)
+STEP_RE = re.compile(
+    r"step (\d+)/\d+ \| loss ([\d.]+) \| ppl ([\d.]+) \| acc ([\d.]+)% \| lr (\S+) \| "
+    r"gnorm (\S+) \| (\d+) tgt tok/s"
+)
+ONMT_STEP_RE = re.compile(
+    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d+) INFO\] Step\s+(\d+)/\s*\d+;.*?ppl:\s*([\d.]+);"
+    r".*?bsz:\s*(\d+)/(\d+)/(\d+);\s*(\d+)/(\d+) tok/s;\s*(\d+) sec",
+    re.M,
+)
 
 
 def onmt_doc_intervals(lines: list, batches: list[np.ndarray], n_tgt: np.ndarray) -> list[dict]:
@@ -185,9 +196,19 @@ def onmt_doc_intervals(lines: list, batches: list[np.ndarray], n_tgt: np.ndarray
             continue
         step, rate = int(m.group(1)), int(m.group(7))
         counted = float(cnt_cum[step] - cnt_cum[prev])
-        out.append({"step": step, "steps": step - prev, "end": t, "counted": counted,
-                    "real": float(real_cum[step] - real_cum[prev]), "sents": float(sents_cum[step] - sents_cum[prev]),
-                    "seconds": counted / max(rate, 1e-9), "rate": rate, "ppl": float(m.group(3))})
+        out.append(
+            {
+                "step": step,
+                "steps": step - prev,
+                "end": t,
+                "counted": counted,
+                "real": float(real_cum[step] - real_cum[prev]),
+                "sents": float(sents_cum[step] - sents_cum[prev]),
+                "seconds": counted / max(rate, 1e-9),
+                "rate": rate,
+                "ppl": float(m.group(3)),
+            }
+        )
         prev = step
     if not out:
         raise SystemExit("no step lines in the onmt_doc training log")
@@ -202,8 +223,20 @@ def onmt_py_intervals(text: str) -> list[dict]:
         stamp = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
         step, ppl, bs, bt, bn, rs, rt, sec = (float(x) for x in m.groups()[2:])
         k = step - prev
-        out.append({"step": int(step), "steps": k, "end": stamp, "counted": bt * k, "real": (bt - bn) * k,
-                    "sents": bn * k, "seconds": bt * k / max(rt, 1e-9), "rate": rt, "ppl": ppl, "sec": sec})
+        out.append(
+            {
+                "step": int(step),
+                "steps": k,
+                "end": stamp,
+                "counted": bt * k,
+                "real": (bt - bn) * k,
+                "sents": bn * k,
+                "seconds": bt * k / max(rt, 1e-9),
+                "rate": rt,
+                "ppl": ppl,
+                "sec": sec,
+            }
+        )
         prev = step
     if not out:
         raise SystemExit("no Step lines in the OpenNMT-py training log")
@@ -229,16 +262,23 @@ def steady_rates(intervals: list[dict], start: float, stops: list, threshold: fl
     n_steps = sum(i["steps"] for i in intervals)
     half = len(use) // 2
     return {
-        "real_tok_s": rate(use, "real"), "reported_tok_s": rate(use, "counted"), "steps_per_s": rate(use, "steps"),
-        "real_tok_s_first_half": rate(use[:half] or use, "real"), "real_tok_s_second_half": rate(use[half:], "real"),
-        "intervals_used": len(use), "intervals_steady": len(steady), "intervals_clean": len(clean),
+        "real_tok_s": rate(use, "real"),
+        "reported_tok_s": rate(use, "counted"),
+        "steps_per_s": rate(use, "steps"),
+        "real_tok_s_first_half": rate(use[:half] or use, "real"),
+        "real_tok_s_second_half": rate(use[half:], "real"),
+        "intervals_used": len(use),
+        "intervals_steady": len(steady),
+        "intervals_clean": len(clean),
         "foreign_used": sum(i["foreign"] * i["seconds"] for i in use) / sum(i["seconds"] for i in use),
         "real_tgt_per_step": sum(i["real"] for i in intervals) / n_steps,
         "counted_tgt_per_step": sum(i["counted"] for i in intervals) / n_steps,
         "sents_per_step": sum(i["sents"] for i in intervals) / n_steps,
         "last_ppl": intervals[-1]["ppl"],
-        "trace": [(round(i["end"], 1), i["step"], round(i["real"] / i["seconds"]), i["stopped"] > 0,
-                   round(i["foreign"], 2)) for i in intervals],
+        "trace": [
+            (round(i["end"], 1), i["step"], round(i["real"] / i["seconds"]), i["stopped"] > 0, round(i["foreign"], 2))
+            for i in intervals
+        ],
     }
 
 
@@ -278,12 +318,21 @@ def onmt_attempt(res: dict, onmt_dir: str, k: int) -> dict:
     summary = open(os.path.join(onmt_dir, "summary.txt"), encoding="utf-8").read()
     shutil.copyfile(os.path.join(onmt_dir, "summary.txt"), os.path.join(onmt_dir, f"summary.{k}.txt"))
     m = re.search(r"translation time ([\d.]+) s \(process wall ([\d.]+) s", summary)
-    res.update({"attempt": k, "summary": summary, "translate_s": float(m.group(1)),
-                "translate_process_wall": float(m.group(2)), "ct2": {}})
+    res.update(
+        {
+            "attempt": k,
+            "summary": summary,
+            "translate_s": float(m.group(1)),
+            "translate_process_wall": float(m.group(2)),
+            "ct2": {},
+        }
+    )
     res["translate_foreign"], res["translate_stopped"] = disturbance(
-        res, window(res["lines"], r"^== onmt_translate", r"^== CTranslate2", res["end"]))
+        res, window(res["lines"], r"^== onmt_translate", r"^== CTranslate2", res["end"])
+    )
     res["ct2_foreign"], res["ct2_stopped"] = disturbance(
-        res, window(res["lines"], r"^== CTranslate2", r"^== OpenNMT-py training", res["end"]))
+        res, window(res["lines"], r"^== CTranslate2", r"^== OpenNMT-py training", res["end"])
+    )
     res["train_window"] = window(res["lines"], r"^== train", r"^== onmt_translate", res["end"])
     for tag, logname in (("fp32", "ct2_translate.log"), ("int8", "ct2_translate_int8.log")):
         path = os.path.join(onmt_dir, logname)
@@ -315,39 +364,71 @@ def clean_mean(runs: list[dict], key: str, foreign_key: str, stopped_key: str, t
 
 # ----------------------------------------------------------------------------- setup
 
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--out", default="runs/bench_transformer")
-    p.add_argument("--data", default=multi30k(DATA),
-                   help="Multi30k en-de folder (default: ../shared/data/multi30k-en-de beside the repository)")
+    p.add_argument(
+        "--data",
+        default=multi30k(DATA),
+        help="Multi30k en-de folder (default: ../shared/data/multi30k-en-de beside the repository)",
+    )
     p.add_argument("--train-lines", type=int, default=0, help="use the first N training pairs (0 = all)")
-    p.add_argument("--peers", default=PEERS,
-                   help="folder with run_onmt_bench.sh (default: ../shared/peers beside the repository)")
+    p.add_argument(
+        "--peers", default=PEERS, help="folder with run_onmt_bench.sh (default: ../shared/peers beside the repository)"
+    )
     peers_home = os.environ.get("PEERS_DIR", os.path.expanduser("~/.cache/onmt-peers"))
     p.add_argument("--venv", default=os.path.join(peers_home, "venv"))
     p.add_argument("--vocab-size", type=int, default=8000, help="BPE symbols (8000 -> ~7.98k entries on multi30k)")
     p.add_argument("--warmup", type=int, default=100, help="noam warmup (run_onmt_bench.sh default)")
     p.add_argument("--lr", type=float, default=0.5, help="noam factor (run_onmt_bench.sh default)")
     p.add_argument("--onmt-batch-tokens", type=int, default=2048)
-    p.add_argument("--batch-tokens", type=int, default=0,
-                   help="onmt_doc train.batch_tokens (0 = calibrate to OpenNMT-py's real target tokens per step)")
+    p.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=0,
+        help="onmt_doc train.batch_tokens (0 = calibrate to OpenNMT-py's real target tokens per step)",
+    )
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--tbatch", type=int, default=32, help="sentences per translation batch")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=1234, help="OpenNMT-py seed")
-    p.add_argument("--sequential", action="store_true",
-                   help="train onmt_doc, then OpenNMT-py (default: alternate them every --slice seconds)")
-    p.add_argument("--slice", type=float, default=90.0,
-                   help="seconds of CPU each training gets before the other one's turn (never both at once)")
-    p.add_argument("--translate-rounds", type=int, default=2,
-                   help="timed translations per toolkit, alternating onmt_doc / OpenNMT-py+CT2")
-    p.add_argument("--no-bf16", dest="bf16", action="store_false",
-                   help="skip the extra onmt_doc translation rounds with -dtype bfloat16")
-    p.add_argument("--quiet-threshold", type=float, default=0.15,
-                   help="an interval/translation is clean when other processes used fewer CPU cores")
-    p.add_argument("--busy-threshold", type=float, default=0.5,
-                   help="pause the running toolkit while other processes use more CPU cores than this")
+    p.add_argument(
+        "--sequential",
+        action="store_true",
+        help="train onmt_doc, then OpenNMT-py (default: alternate them every --slice seconds)",
+    )
+    p.add_argument(
+        "--slice",
+        type=float,
+        default=90.0,
+        help="seconds of CPU each training gets before the other one's turn (never both at once)",
+    )
+    p.add_argument(
+        "--translate-rounds",
+        type=int,
+        default=2,
+        help="timed translations per toolkit, alternating onmt_doc / OpenNMT-py+CT2",
+    )
+    p.add_argument(
+        "--no-bf16",
+        dest="bf16",
+        action="store_false",
+        help="skip the extra onmt_doc translation rounds with -dtype bfloat16",
+    )
+    p.add_argument(
+        "--quiet-threshold",
+        type=float,
+        default=0.15,
+        help="an interval/translation is clean when other processes used fewer CPU cores",
+    )
+    p.add_argument(
+        "--busy-threshold",
+        type=float,
+        default=0.5,
+        help="pause the running toolkit while other processes use more CPU cores than this",
+    )
     p.add_argument("--no-yield", action="store_true", help="never pause for other processes")
     p.add_argument("--max-pause", type=float, default=300, help="seconds a command may be paused for others")
     p.add_argument("--max-wait", type=float, default=120, help="seconds to wait for a quiet machine per phase")
@@ -373,8 +454,8 @@ class Bench:
         self.ckpt = os.path.join(self.run_dir, "checkpoints", "last.pt")
         self.ours_hyp = os.path.join(self.ours_dir, "test.hyp")
         self.ours_train_log = os.path.join(self.ours_dir, "train.log")
-        self.raw: dict = {}                  # split -> lang -> raw text file
-        self.commands: list[str] = []        # for the report
+        self.raw: dict = {}  # split -> lang -> raw text file
+        self.commands: list[str] = []  # for the report
         self.n_train = self.n_test = 0
 
 
@@ -383,8 +464,10 @@ def prepare_data(b: Bench) -> None:
     args = b.args
     data_dir = os.path.join(b.out, "data")
     os.makedirs(data_dir, exist_ok=True)
-    b.raw = {split: {lang: os.path.join(args.data, f"{split}.{lang}") for lang in ("en", "de")}
-             for split in ("train", "valid", "test2016")}
+    b.raw = {
+        split: {lang: os.path.join(args.data, f"{split}.{lang}") for lang in ("en", "de")}
+        for split in ("train", "valid", "test2016")
+    }
     if args.train_lines:
         for lang in ("en", "de"):
             path = os.path.join(data_dir, f"train.{lang}")
@@ -392,29 +475,51 @@ def prepare_data(b: Bench) -> None:
             b.raw["train"][lang] = path
     b.n_train = len(read_lines(b.raw["train"]["en"]))
     b.n_test = len(read_lines(b.raw["test2016"]["en"]))
-    log(f"data: {b.n_train} training pairs, {b.n_test} test sentences; {args.steps} steps, "
-        f"report every {report_every(args.steps)}")
+    log(
+        f"data: {b.n_train} training pairs, {b.n_test} test sentences; {args.steps} steps, "
+        f"report every {report_every(args.steps)}"
+    )
 
 
 def onmt_doc_config(b: Bench) -> dict:
     """onmt_doc's side: the same shape, schedule and float32 as OpenNMT-py's run_onmt_bench.sh."""
     args, raw = b.args, b.raw
     return {
-        "data": {"train": {"src": raw["train"]["en"], "tgt": raw["train"]["de"]},
-                 "valid": {"src": raw["valid"]["en"], "tgt": raw["valid"]["de"]},
-                 "documents": False},
+        "data": {
+            "train": {"src": raw["train"]["en"], "tgt": raw["train"]["de"]},
+            "valid": {"src": raw["valid"]["en"], "tgt": raw["valid"]["de"]},
+            "documents": False,
+        },
         "vocab": {"subword": "bpe", "size": args.vocab_size, "shared": True, "tokenizer": "aggressive"},
-        "model": {"d_model": 256, "dropout": 0.1, "attention_dropout": 0.1,
-                  "share_embeddings": True, "tie_output": True,
-                  "encoder": {"type": "transformer", "layers": 3, "heads": 4, "ff": 1024},
-                  "decoder": {"type": "transformer", "layers": 3, "heads": 4, "ff": 1024}},
+        "model": {
+            "d_model": 256,
+            "dropout": 0.1,
+            "attention_dropout": 0.1,
+            "share_embeddings": True,
+            "tie_output": True,
+            "encoder": {"type": "transformer", "layers": 3, "heads": 4, "ff": 1024},
+            "decoder": {"type": "transformer", "layers": 3, "heads": 4, "ff": 1024},
+        },
         "loss": [{"type": "label_smoothed_ce", "smoothing": 0.1}],
-        "optim": {"type": "adam", "lr": args.lr, "betas": [0.9, 0.998], "eps": 1.0e-8,
-                  "schedule": {"type": "noam", "warmup": args.warmup}},
-        "train": {"batch_tokens": args.batch_tokens or args.onmt_batch_tokens, "max_steps": args.steps,
-                  "valid_every": args.steps, "valid_bleu": False, "save_every": args.steps, "keep_last": 1,
-                  "max_grad_norm": 0.0, "seed": OURS_SEED, "threads": args.threads,
-                  "amp": "fp32"},                    # float32 like OpenNMT-py here (bf16 is opt-in on CPUs)
+        "optim": {
+            "type": "adam",
+            "lr": args.lr,
+            "betas": [0.9, 0.998],
+            "eps": 1.0e-8,
+            "schedule": {"type": "noam", "warmup": args.warmup},
+        },
+        "train": {
+            "batch_tokens": args.batch_tokens or args.onmt_batch_tokens,
+            "max_steps": args.steps,
+            "valid_every": args.steps,
+            "valid_bleu": False,
+            "save_every": args.steps,
+            "keep_last": 1,
+            "max_grad_norm": 0.0,
+            "seed": OURS_SEED,
+            "threads": args.threads,
+            "amp": "fp32",
+        },  # float32 like OpenNMT-py here (bf16 is opt-in on CPUs)
         "translate": {"beam": args.beam, "dtype": "float32"},
         "log": {"dir": b.run_dir, "tensorboard": False, "every": report_every(args.steps)},
     }
@@ -443,8 +548,10 @@ def tokenize_for_onmt(b: Bench):
                 if lang == "en":
                     src_text = [" ".join(t) for t in toks]
     vocab_entries = len([1 for line in read_lines(os.path.join(b.run_dir, "vocab.txt")) if line])
-    log(f"tokenized with {os.path.relpath(b.subword_model, REPO)}: {vocab_entries} vocabulary entries; train "
-        f"mean {lengths['en'].mean():.1f} src / {lengths['de'].mean():.1f} tgt subwords per sentence")
+    log(
+        f"tokenized with {os.path.relpath(b.subword_model, REPO)}: {vocab_entries} vocabulary entries; train "
+        f"mean {lengths['en'].mean():.1f} src / {lengths['de'].mean():.1f} tgt subwords per sentence"
+    )
     return tok, lengths["en"], lengths["de"], src_text, vocab_entries
 
 
@@ -452,14 +559,18 @@ def calibrate(args: argparse.Namespace, n_src: np.ndarray, n_tgt: np.ndarray, sr
     """onmt_doc's batch_tokens that carries OpenNMT-py's real target tokens per step (replays of
     both batchings on these lengths), with the numbers the report quotes."""
     onmt_sim = onmt_py_bucket_batches(src_text, n_src, n_tgt, args.onmt_batch_tokens)
-    cal = {"onmt_sim_real": float(np.mean([n_tgt[b].sum() for b in onmt_sim])),
-           "onmt_sim_sents": float(np.mean([len(b) for b in onmt_sim]))}
+    cal = {
+        "onmt_sim_real": float(np.mean([n_tgt[b].sum() for b in onmt_sim])),
+        "onmt_sim_sents": float(np.mean([len(b) for b in onmt_sim])),
+    }
     cal["batch_tokens"] = args.batch_tokens or calibrate_batch_tokens(cal["onmt_sim_real"], n_src, n_tgt, OURS_SEED)
     cal["ours_at_same"] = onmt_doc_epoch_mean(n_src, n_tgt, args.onmt_batch_tokens, OURS_SEED)
     ours_epoch_real = onmt_doc_epoch_mean(n_src, n_tgt, cal["batch_tokens"], OURS_SEED)
-    log(f"batches: OpenNMT-py batch_size {args.onmt_batch_tokens} -> {cal['onmt_sim_real']:.0f} real tgt tokens/batch "
+    log(
+        f"batches: OpenNMT-py batch_size {args.onmt_batch_tokens} -> {cal['onmt_sim_real']:.0f} real tgt tokens/batch "
         f"({cal['onmt_sim_sents']:.1f} sents, replay of its bucket); onmt_doc batch_tokens {args.onmt_batch_tokens} "
-        f"-> {cal['ours_at_same']:.0f}; calibrated batch_tokens {cal['batch_tokens']} -> {ours_epoch_real:.0f}")
+        f"-> {cal['ours_at_same']:.0f}; calibrated batch_tokens {cal['batch_tokens']} -> {ours_epoch_real:.0f}"
+    )
     return cal
 
 
@@ -474,29 +585,87 @@ class Commands:
     env: dict
 
 
-PEER_ENV_KEYS = ("STEPS", "LAYERS", "DMODEL", "HEADS", "FF", "DROPOUT", "BATCH_TOKENS", "WARMUP", "LR", "BEAM",
-                 "TBATCH", "THREADS", "VOCAB_SIZE", "SRC_EXT", "TGT_EXT", "SEED")
+PEER_ENV_KEYS = (
+    "STEPS",
+    "LAYERS",
+    "DMODEL",
+    "HEADS",
+    "FF",
+    "DROPOUT",
+    "BATCH_TOKENS",
+    "WARMUP",
+    "LR",
+    "BEAM",
+    "TBATCH",
+    "THREADS",
+    "VOCAB_SIZE",
+    "SRC_EXT",
+    "TGT_EXT",
+    "SEED",
+)
 
 
 def build_commands(b: Bench) -> Commands:
     """The commands (also listed in ``b.commands`` for the report, as shell lines)."""
     args = b.args
     translate = tool("onmt_doc_translate") + [
-        "-model", b.ckpt, "-src", b.raw["test2016"]["en"], "-tgt", b.raw["test2016"]["de"], "-beam", str(args.beam),
-        "-batch_size", str(args.tbatch), "-threads", str(args.threads), "-output", b.ours_hyp]
-    env = dict(os.environ, STEPS=str(args.steps), LAYERS="3", DMODEL="256", HEADS="4", FF="1024", DROPOUT="0.1",
-               BATCH_TOKENS=str(args.onmt_batch_tokens), WARMUP=str(args.warmup), LR=str(args.lr),
-               BEAM=str(args.beam), TBATCH=str(args.tbatch), THREADS=str(args.threads), VOCAB_SIZE="32768",
-               SRC_EXT="en", TGT_EXT="de", SEED=str(args.seed), VENV=args.venv, CT2_INT8="1")
+        "-model",
+        b.ckpt,
+        "-src",
+        b.raw["test2016"]["en"],
+        "-tgt",
+        b.raw["test2016"]["de"],
+        "-beam",
+        str(args.beam),
+        "-batch_size",
+        str(args.tbatch),
+        "-threads",
+        str(args.threads),
+        "-output",
+        b.ours_hyp,
+    ]
+    env = dict(
+        os.environ,
+        STEPS=str(args.steps),
+        LAYERS="3",
+        DMODEL="256",
+        HEADS="4",
+        FF="1024",
+        DROPOUT="0.1",
+        BATCH_TOKENS=str(args.onmt_batch_tokens),
+        WARMUP=str(args.warmup),
+        LR=str(args.lr),
+        BEAM=str(args.beam),
+        TBATCH=str(args.tbatch),
+        THREADS=str(args.threads),
+        VOCAB_SIZE="32768",
+        SRC_EXT="en",
+        TGT_EXT="de",
+        SEED=str(args.seed),
+        VENV=args.venv,
+        CT2_INT8="1",
+    )
     cmds = Commands(
-        train=tool("onmt_doc_train") + ["-config", b.config_path], translate=translate,
+        train=tool("onmt_doc_train") + ["-config", b.config_path],
+        translate=translate,
         translate_bf16=[a if a != b.ours_hyp else b.ours_hyp + ".bf16" for a in translate] + ["-dtype", "bfloat16"],
-        onmt=["bash", os.path.join(args.peers, "run_onmt_bench.sh"), os.path.join(b.tok_dir, "train"),
-              os.path.join(b.tok_dir, "valid"), os.path.join(b.tok_dir, "test"), b.onmt_dir],
-        env=env)
+        onmt=[
+            "bash",
+            os.path.join(args.peers, "run_onmt_bench.sh"),
+            os.path.join(b.tok_dir, "train"),
+            os.path.join(b.tok_dir, "valid"),
+            os.path.join(b.tok_dir, "test"),
+            b.onmt_dir,
+        ],
+        env=env,
+    )
     env_str = " ".join(f"{k}={env[k]}" for k in PEER_ENV_KEYS)
-    b.commands += [" ".join(cmds.train), env_str + " " + " ".join(cmds.onmt), " ".join(cmds.translate),
-                   f"SKIP_TRAIN=1 {env_str} {' '.join(cmds.onmt)}   # further translation rounds"]
+    b.commands += [
+        " ".join(cmds.train),
+        env_str + " " + " ".join(cmds.onmt),
+        " ".join(cmds.translate),
+        f"SKIP_TRAIN=1 {env_str} {' '.join(cmds.onmt)}   # further translation rounds",
+    ]
     return cmds
 
 
@@ -527,8 +696,10 @@ def train_both(b: Bench, cmds: Commands, sched: Scheduler) -> tuple[dict, dict]:
         MONITOR.wait_quiet(args.max_wait, threshold=thr)
         return ours, sched.run_alone("run_onmt_bench", cmds.onmt, onmt_log, onmt_env, ECHO_ONMT)
     log(f"training both toolkits time-sliced: {args.slice:.0f}s of CPU each in turn, never both at once")
-    jobs = [Job("onmt_doc_train", cmds.train, b.ours_train_log, echo=ECHO_OURS),
-            Job("run_onmt_bench", cmds.onmt, onmt_log, onmt_env, ECHO_ONMT, stopped=True)]
+    jobs = [
+        Job("onmt_doc_train", cmds.train, b.ours_train_log, echo=ECHO_OURS),
+        Job("run_onmt_bench", cmds.onmt, onmt_log, onmt_env, ECHO_ONMT, stopped=True),
+    ]
     ours, theirs = sched.run(jobs, slice_s=args.slice, exclusive={"run_onmt_bench": r"^== onmt_translate"})
     return ours, theirs
 
@@ -549,8 +720,9 @@ def translation_rounds(b: Bench, cmds: Commands, sched: Scheduler, phases: dict)
     tries = 0
     while len(phases["translate_ours"]) < args.translate_rounds and tries < 3 * args.translate_rounds:
         tries += 1
-        r = translate_ours(b, sched, "onmt_doc_translate", cmds.translate,
-                           os.path.join(b.ours_dir, f"translate.{tries}.log"))
+        r = translate_ours(
+            b, sched, "onmt_doc_translate", cmds.translate, os.path.join(b.ours_dir, f"translate.{tries}.log")
+        )
         if r["foreign"] < thr and not r["stopped"]:
             phases["translate_ours"].append(r)
         else:
@@ -558,15 +730,26 @@ def translation_rounds(b: Bench, cmds: Commands, sched: Scheduler, phases: dict)
             phases.setdefault("translate_ours_disturbed", []).append(r)
             continue
         if args.bf16:
-            phases.setdefault("translate_ours_bf16", []).append(translate_ours(
-                b, sched, "onmt_doc_translate -dtype bfloat16", cmds.translate_bf16,
-                os.path.join(b.ours_dir, f"translate_bf16.{tries}.log")))
+            phases.setdefault("translate_ours_bf16", []).append(
+                translate_ours(
+                    b,
+                    sched,
+                    "onmt_doc_translate -dtype bfloat16",
+                    cmds.translate_bf16,
+                    os.path.join(b.ours_dir, f"translate_bf16.{tries}.log"),
+                )
+            )
         clean_onmt = [a for a in phases["onmt"] if a["translate_foreign"] < thr and not a["translate_stopped"]]
         if len(clean_onmt) < args.translate_rounds:
             MONITOR.wait_quiet(args.max_wait, threshold=thr)
             k = len(phases["onmt"])
-            res = sched.run_alone("run_onmt_bench (SKIP_TRAIN=1)", cmds.onmt,
-                                  os.path.join(b.onmt_dir, f"bench.{k}.log"), dict(cmds.env, SKIP_TRAIN="1"), ECHO_ONMT)
+            res = sched.run_alone(
+                "run_onmt_bench (SKIP_TRAIN=1)",
+                cmds.onmt,
+                os.path.join(b.onmt_dir, f"bench.{k}.log"),
+                dict(cmds.env, SKIP_TRAIN="1"),
+                ECHO_ONMT,
+            )
             phases["onmt"].append(onmt_attempt(res, b.onmt_dir, k))
     if not phases["translate_ours"]:
         phases["translate_ours"] = phases.pop("translate_ours_disturbed")
@@ -587,6 +770,7 @@ def run_phases(b: Bench, cmds: Commands, config: dict) -> dict:
 
 # ----------------------------------------------------------------------------- results
 
+
 def ours_results(b: Bench, phases: dict, cal: dict, n_src: np.ndarray, n_tgt: np.ndarray, tok) -> dict:
     """onmt_doc's training rates, translation speed, scores and size."""
     thr = b.args.quiet_threshold
@@ -595,12 +779,14 @@ def ours_results(b: Bench, phases: dict, cal: dict, n_src: np.ndarray, n_tgt: np
     ours = steady_rates(onmt_doc_intervals(tr["lines"], batches, n_tgt), tr["start"], tr["stops"], thr)
     ours["train_wall"] = tr["wall"] - tr["stopped"]
     ours["train_stopped"] = tr["stopped"]
-    ours["translate_s"], ours["translate_runs"] = clean_mean(phases["translate_ours"], "translate_s",
-                                                             "translate_foreign", "translate_stopped", thr)
+    ours["translate_s"], ours["translate_runs"] = clean_mean(
+        phases["translate_ours"], "translate_s", "translate_foreign", "translate_stopped", thr
+    )
     ours["sent_s"] = b.n_test / ours["translate_s"]
     if phases.get("translate_ours_bf16"):
-        t16, runs16 = clean_mean(phases["translate_ours_bf16"], "translate_s", "translate_foreign",
-                                 "translate_stopped", thr)
+        t16, runs16 = clean_mean(
+            phases["translate_ours_bf16"], "translate_s", "translate_foreign", "translate_stopped", thr
+        )
         text16 = "\n".join(line for _, line in phases["translate_ours_bf16"][-1]["lines"])
         ours["bf16"] = {"translate_s": t16, "runs": runs16, "sent_s": b.n_test / t16, "bleu": bleu(text16)}
     text = "\n".join(line for _, line in phases["translate_ours"][-1]["lines"])
@@ -633,8 +819,9 @@ def theirs_results(b: Bench, phases: dict) -> tuple[dict, dict]:
     m = re.search(r"train wall .*?: ([\d.]+) s", first["summary"])
     theirs["train_stopped"] = overlap(first["stops"], *first["train_window"])
     theirs["train_wall"] = (float(m.group(1)) if m else float("nan")) - theirs["train_stopped"]
-    theirs["translate_s"], theirs["translate_runs"] = clean_mean(attempts, "translate_s", "translate_foreign",
-                                                                 "translate_stopped", thr)
+    theirs["translate_s"], theirs["translate_runs"] = clean_mean(
+        attempts, "translate_s", "translate_foreign", "translate_stopped", thr
+    )
     theirs["sent_s"] = b.n_test / theirs["translate_s"]
     tok_bleu = dict(re.findall(r"^(onmt|ct2 fp32|ct2 int8): BLEU ([\d.]+)", first["summary"], re.M))
     theirs["bleu_tok"] = float(tok_bleu["onmt"]) if "onmt" in tok_bleu else float("nan")
@@ -646,18 +833,26 @@ def theirs_results(b: Bench, phases: dict) -> tuple[dict, dict]:
         runs = [dict(a, ct2_s=a["ct2"][tag]) for a in attempts if tag in a["ct2"]]
         if runs:
             t, vals = clean_mean(runs, "ct2_s", "ct2_foreign", "ct2_stopped", thr)
-            ct2[tag] = {"translate_s": t, "runs": vals, "sent_s": b.n_test / t,
-                        "bleu_tok": float(tok_bleu.get(f"ct2 {tag}", "nan")),
-                        **detok_scores(os.path.join(b.onmt_dir, hyp), ref, b.subword_model)}
+            ct2[tag] = {
+                "translate_s": t,
+                "runs": vals,
+                "sent_s": b.n_test / t,
+                "bleu_tok": float(tok_bleu.get(f"ct2 {tag}", "nan")),
+                **detok_scores(os.path.join(b.onmt_dir, hyp), ref, b.subword_model),
+            }
     return theirs, ct2
 
 
 # ----------------------------------------------------------------------------- report
 
+
 def ratios(ours: dict, theirs: dict) -> dict:
     """The three headline comparisons (training speed, translation speed, BLEU difference)."""
-    return {"train": ours["real_tok_s"] / theirs["real_tok_s"], "translate": ours["sent_s"] / theirs["sent_s"],
-            "bleu_diff": ours["bleu"] - theirs["bleu"]}
+    return {
+        "train": ours["real_tok_s"] / theirs["real_tok_s"],
+        "translate": ours["sent_s"] / theirs["sent_s"],
+        "bleu_diff": ours["bleu"] - theirs["bleu"],
+    }
 
 
 def table(b: Bench, ours: dict, theirs: dict, ct2: dict) -> str:
@@ -699,9 +894,15 @@ def table(b: Bench, ours: dict, theirs: dict, ct2: dict) -> str:
         f"| **translation: sentences / s** (beam {args.beam}, {args.tbatch} sents/batch, load excluded) | "
         f"{ours['sent_s']:.1f} | {theirs['sent_s']:.1f} | **{r_trans:.2f}×** | ≥ {TARGETS['translate']}× | "
         f"{ok(r_trans >= TARGETS['translate'])} | {c('fp32', 'sent_s', '.1f')} | {c('int8', 'sent_s', '.1f')} |",
-        *([f"| translation: sentences / s, onmt_doc `-dtype bfloat16` (BLEU {ours['bf16']['bleu']:.2f}) vs "
-           f"OpenNMT-py float32 | {ours['bf16']['sent_s']:.1f} | {theirs['sent_s']:.1f} | "
-           f"{ours['bf16']['sent_s'] / theirs['sent_s']:.2f}× | | | | |"] if "bf16" in ours else []),
+        *(
+            [
+                f"| translation: sentences / s, onmt_doc `-dtype bfloat16` (BLEU {ours['bf16']['bleu']:.2f}) vs "
+                f"OpenNMT-py float32 | {ours['bf16']['sent_s']:.1f} | {theirs['sent_s']:.1f} | "
+                f"{ours['bf16']['sent_s'] / theirs['sent_s']:.2f}× | | | | |"
+            ]
+            if "bf16" in ours
+            else []
+        ),
         f"| translation time, s ({n_test} sentences) | {ours['translate_s']:.1f} | {theirs['translate_s']:.2f} | | | | "
         f"{c('fp32', 'translate_s', '.2f')} | {c('int8', 'translate_s', '.2f')} |",
         f"| output subwords (test2016) | {ours['hyp_subwords']} | {theirs['hyp_subwords']} | | | | | |",
@@ -738,18 +939,25 @@ def notes(b: Bench, cal: dict, vocab_entries: int, ours: dict, theirs: dict, ct2
         "Training rate: real target subwords (markup and </s> excluded) per second over the report intervals "
         "after the first (start-up excluded), using only intervals in which the toolkit was never stopped and other "
         f"processes on this shared machine took < {thr} CPU cores; the logged rates count different tokens. "
-        + ("The two trainings ran one after the other." if args.sequential else
-           f"The two trainings were time-sliced ({args.slice:.0f} s turns, the other one SIGSTOPped, never both on "
-           "the CPU) so that both see the same machine: this VM's speed drifts by 20-30% within minutes."),
+        + (
+            "The two trainings ran one after the other."
+            if args.sequential
+            else f"The two trainings were time-sliced ({args.slice:.0f} s turns, the other one SIGSTOPped, "
+            "never both on the CPU) so that both see the same machine: this VM's speed drifts by 20-30% within minutes."
+        ),
         "Translation: model load excluded for both (onmt_doc `translated … in Xs`, OpenNMT-py `Total translation "
         "time`; tokenization included), mean of the undisturbed runs, alternating between the toolkits: onmt_doc "
         f"{ours['translate_runs']} s, OpenNMT-py {theirs['translate_runs']} s; CT2 is the median of 3 runs after "
         f"loading per round ({ct2.get('fp32', {}).get('runs')} s fp32). Length penalty: onmt_doc GNMT α=1, "
         "OpenNMT-py `avg`, CT2 length_penalty 1. Output lengths differ (different models), so sentences/s also "
         "reflects how long the hypotheses are; onmt_doc also decodes its <s> and </s> markup (2 extra steps; its "
-        "first two steps, <bos> and the forced <s>, run one row per sentence instead of one per beam)." + (
+        "first two steps, <bos> and the forced <s>, run one row per sentence instead of one per beam)."
+        + (
             f" The bfloat16 row translates the same float32 checkpoint in bfloat16 (`-dtype bfloat16`, this CPU has "
-            f"AMX), runs {ours['bf16']['runs']} s." if "bf16" in ours else ""),
+            f"AMX), runs {ours['bf16']['runs']} s."
+            if "bf16" in ours
+            else ""
+        ),
         "Parameters: OpenNMT-py 3.5 Transformers have no biases in the attention and FFN projections by default "
         "(`add_qkvbias`/`add_ffnbias` off); onmt_doc has them.",
     ]
@@ -758,17 +966,27 @@ def notes(b: Bench, cal: dict, vocab_entries: int, ours: dict, theirs: dict, ct2
 def section(b: Bench, machine: str, date: str, table_md: str, notes_md: list[str]) -> str:
     """This benchmark's section of docs/benchmarks.md (commands relative to the repository)."""
     args = b.args
-    return "\n".join([
-        SECTION, "",
-        f"Date: {date}. Machine: {machine}.", "",
-        "Commands (the whole comparison is `python benchmarks/transformer_vs_onmt.py "
-        f"--steps {args.steps} --out {os.path.relpath(b.out, REPO)}"
-        f"{' --train-lines ' + str(args.train_lines) if args.train_lines else ''}`; peers venv from "
-        "`../shared/peers/setup_peers.sh` + `benchmarks/setup_peers_extra.sh`):", "",
-        "```", *(relative_to_repo(c) for c in b.commands), "```", "",
-        table_md, "",
-        *[f"- {n}" for n in notes_md], "",
-    ])
+    return "\n".join(
+        [
+            SECTION,
+            "",
+            f"Date: {date}. Machine: {machine}.",
+            "",
+            "Commands (the whole comparison is `python benchmarks/transformer_vs_onmt.py "
+            f"--steps {args.steps} --out {os.path.relpath(b.out, REPO)}"
+            f"{' --train-lines ' + str(args.train_lines) if args.train_lines else ''}`; peers venv from "
+            "`../shared/peers/setup_peers.sh` + `benchmarks/setup_peers_extra.sh`):",
+            "",
+            "```",
+            *(relative_to_repo(c) for c in b.commands),
+            "```",
+            "",
+            table_md,
+            "",
+            *[f"- {n}" for n in notes_md],
+            "",
+        ]
+    )
 
 
 def relative_to_repo(command: str) -> str:
@@ -776,7 +994,7 @@ def relative_to_repo(command: str) -> str:
     report must not name one machine's folders) and the interpreter's scripts by their names."""
     bindir = os.path.dirname(sys.executable) + os.sep
     parent = os.path.dirname(REPO) + os.sep
-    return (command.replace(bindir, "").replace(REPO + os.sep, "").replace(parent, "../"))
+    return command.replace(bindir, "").replace(REPO + os.sep, "").replace(parent, "../")
 
 
 def main() -> None:
@@ -794,8 +1012,9 @@ def main() -> None:
     if not args.report_only:
         shutil.rmtree(b.run_dir, ignore_errors=True)
         write_config(b, config)
-        Scheduler(MONITOR, args).run_alone("onmt_doc_build_vocab", vocab_cmd,
-                                           os.path.join(b.ours_dir, "build_vocab.log"), echo=r"written to")
+        Scheduler(MONITOR, args).run_alone(
+            "onmt_doc_build_vocab", vocab_cmd, os.path.join(b.ours_dir, "build_vocab.log"), echo=r"written to"
+        )
     tok, n_src, n_tgt, src_text, vocab_entries = tokenize_for_onmt(b)
     cal = calibrate(args, n_src, n_tgt, src_text)
     config["train"]["batch_tokens"] = cal["batch_tokens"]
@@ -818,8 +1037,10 @@ def report(b: Bench, cal: dict, vocab_entries: int, phases: dict, ours: dict, th
     import torch
 
     args = b.args
-    machine = (f"{cpu_model()}, {os.cpu_count()} cores visible, {args.threads} threads for every tool; "
-               f"torch {torch.__version__}, Python {platform.python_version()}")
+    machine = (
+        f"{cpu_model()}, {os.cpu_count()} cores visible, {args.threads} threads for every tool; "
+        f"torch {torch.__version__}, Python {platform.python_version()}"
+    )
     date = datetime.date.today().isoformat()
     table_md = table(b, ours, theirs, ct2)
     notes_md = notes(b, cal, vocab_entries, ours, theirs, ct2)
@@ -830,13 +1051,22 @@ def report(b: Bench, cal: dict, vocab_entries: int, phases: dict, ours: dict, th
     def strip(d: dict) -> dict:
         return {k: v for k, v in d.items() if k not in ("lines", "summary")}
 
-    results = {"date": date, "machine": machine, "args": vars(args), "batch_tokens": cal["batch_tokens"],
-               "onmt_replay_real_tgt_per_batch": cal["onmt_sim_real"],
-               "onmt_replay_sents_per_batch": cal["onmt_sim_sents"],
-               "ours_real_tgt_per_batch_at_onmt_budget": cal["ours_at_same"], "onmt_doc": ours, "onmt_py": theirs,
-               "onmt_py_attempts": [strip(a) for a in phases["onmt"]],
-               "translate_ours": [strip(a) for a in phases["translate_ours"]], "ct2": ct2, "commands": b.commands,
-               "ratios": ratios(ours, theirs)}
+    results = {
+        "date": date,
+        "machine": machine,
+        "args": vars(args),
+        "batch_tokens": cal["batch_tokens"],
+        "onmt_replay_real_tgt_per_batch": cal["onmt_sim_real"],
+        "onmt_replay_sents_per_batch": cal["onmt_sim_sents"],
+        "ours_real_tgt_per_batch_at_onmt_budget": cal["ours_at_same"],
+        "onmt_doc": ours,
+        "onmt_py": theirs,
+        "onmt_py_attempts": [strip(a) for a in phases["onmt"]],
+        "translate_ours": [strip(a) for a in phases["translate_ours"]],
+        "ct2": ct2,
+        "commands": b.commands,
+        "ratios": ratios(ours, theirs),
+    }
     write_json(os.path.join(b.out, "results.json"), results, default=float)
     text = section(b, machine, date, table_md, notes_md)
     with open(os.path.join(b.out, "table.md"), "w", encoding="utf-8") as f:

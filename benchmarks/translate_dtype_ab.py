@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """float32 vs bfloat16 translation speed and BLEU of one checkpoint, alternated in one process.
 
-  python benchmarks/translate_dtype_ab.py CKPT SRC REF [--rounds 2] [--beam 4] [--batch 32]
+python benchmarks/translate_dtype_ab.py CKPT SRC REF [--rounds 2] [--beam 4] [--batch 32]
 """
+
 from __future__ import annotations
 
 import argparse

@@ -12,6 +12,7 @@ Checks that types cannot express live with the dataclass that owns the keys: a f
 ``minimum`` metadata, and a ``validate(path, root)`` method that the loader calls on every section
 and every part section once the whole config is read, so a new part brings its own checks.
 """
+
 from __future__ import annotations
 
 import copy
@@ -29,8 +30,14 @@ from onmt_doc.registry import closest, registry_for
 FORMAT_VERSION = 1
 
 
-def option(default: Any = dataclasses.MISSING, help: str = "", *, factory: Optional[Callable[[], Any]] = None,
-           minimum: Optional[float] = None, shown: Optional[str] = None) -> Any:
+def option(
+    default: Any = dataclasses.MISSING,
+    help: str = "",
+    *,
+    factory: Optional[Callable[[], Any]] = None,
+    minimum: Optional[float] = None,
+    shown: Optional[str] = None,
+) -> Any:
     """A config key with its help text (the meaning column of docs/config.md).
 
     ``factory`` builds mutable or nested defaults; a list or dict ``default`` is copied per
@@ -44,7 +51,7 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *, factory: Optio
         metadata["shown"] = shown
     if isinstance(default, (list, dict)):
         value = default
-        factory = lambda: copy.deepcopy(value)   # noqa: E731
+        factory = lambda: copy.deepcopy(value)  # noqa: E731
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -108,19 +115,35 @@ class CorpusConfig:
 @dataclass
 class DataConfig:
     train: CorpusConfig = option(help="training files; both required by training", factory=CorpusConfig)
-    valid: CorpusConfig = option(help="validation files; both or neither. Without them: no validation, no "
-                                 "`best.pt`, no early stopping", factory=CorpusConfig)
-    documents: bool = option(True, "blank lines separate documents; `false` = every line stands alone (blank "
-                             "lines are then skipped in training and kept in translation output)")
-    max_tokens: int = option(512, "budget of a document instance, per side, in subword tokens with markup; "
-                             "used by `document`-unit models only", minimum=1)
-    max_sentences: int = option(0, "`context`-unit models (HM-GDC): documents are cut into windows of at most "
-                                "this many sentences, each window one instance whose sentences are batch rows "
-                                "sharing its context (0 = whole documents)", minimum=0)
-    max_len: int = option(0, "drop training sentence pairs with a side longer than this many subwords; the "
-                          "count is logged (0 = keep all)")
-    max_line_chars: int = option(20000, "a longer line is an error, a sign of a broken file (0 = no limit); "
-                                 "`onmt_doc_translate -max_line_chars` overrides the checkpoint's value")
+    valid: CorpusConfig = option(
+        help="validation files; both or neither. Without them: no validation, no `best.pt`, no early stopping",
+        factory=CorpusConfig,
+    )
+    documents: bool = option(
+        True,
+        "blank lines separate documents; `false` = every line stands alone (blank "
+        "lines are then skipped in training and kept in translation output)",
+    )
+    max_tokens: int = option(
+        512,
+        "budget of a document instance, per side, in subword tokens with markup; used by `document`-unit models only",
+        minimum=1,
+    )
+    max_sentences: int = option(
+        0,
+        "`context`-unit models (HM-GDC): documents are cut into windows of at most "
+        "this many sentences, each window one instance whose sentences are batch rows "
+        "sharing its context (0 = whole documents)",
+        minimum=0,
+    )
+    max_len: int = option(
+        0, "drop training sentence pairs with a side longer than this many subwords; the count is logged (0 = keep all)"
+    )
+    max_line_chars: int = option(
+        20000,
+        "a longer line is an error, a sign of a broken file (0 = no limit); "
+        "`onmt_doc_translate -max_line_chars` overrides the checkpoint's value",
+    )
     cache_dir: Optional[str] = option(None, "binarized data cache; `null` = `<log.dir>/cache`")
 
 
@@ -132,29 +155,41 @@ class VocabConfig:
     min_freq: int = option(1, "vocabulary entries seen fewer times are dropped")
     max_size: int = option(0, "cap on vocabulary entries, specials included (0 = no cap)")
     tokenizer: Literal["aggressive", "conservative", "space", "char", "none"] = option(
-        "aggressive", "pyonmttok pre-tokenization mode (with joiners; `none` = split on spaces, no joiners); "
-        "ignored by SentencePiece")
-    sample_lines: int = option(0, "learn the subword model on the first this many non-blank lines of each file "
-                               "(0 = all); the vocabulary counts all lines")
+        "aggressive",
+        "pyonmttok pre-tokenization mode (with joiners; `none` = split on spaces, no joiners); "
+        "ignored by SentencePiece",
+    )
+    sample_lines: int = option(
+        0,
+        "learn the subword model on the first this many non-blank lines of each file "
+        "(0 = all); the vocabulary counts all lines",
+    )
 
 
 @dataclass
 class ModelConfig:
     d_model: int = option(512, "model width, shared by embeddings, encoder and decoder", minimum=1)
-    share_embeddings: bool = option(True, "one embedding matrix for source and target; needs `vocab.shared: "
-                                    "true` (a config with `vocab.shared: false` must set it to `false`: refused "
-                                    "when the config is read)")
-    tie_output: bool = option(True, "the output projection uses the target embedding matrix (it keeps its own "
-                              "bias)")
-    dropout: float = option(0.1, "dropout on embeddings, on every sublayer output before the residual sum, and "
-                            "inside the feed-forward")
+    share_embeddings: bool = option(
+        True,
+        "one embedding matrix for source and target; needs `vocab.shared: "
+        "true` (a config with `vocab.shared: false` must set it to `false`: refused "
+        "when the config is read)",
+    )
+    tie_output: bool = option(True, "the output projection uses the target embedding matrix (it keeps its own bias)")
+    dropout: float = option(
+        0.1, "dropout on embeddings, on every sublayer output before the residual sum, and inside the feed-forward"
+    )
     attention_dropout: float = option(0.1, "dropout on attention probabilities")
-    max_positions: int = option(4096, "initial size of the sinusoidal position table; it grows on demand and is "
-                                "not saved")
-    word_dropout: float = option(0.0, "training only: each source word and decoder-input word is replaced by "
-                                 "`word_dropout_token` with this probability; special tokens (markup, `<bos>`) "
-                                 "and the targets never change (G-Transformer: 0.3 from scratch, 0.1 fine-tuned); "
-                                 "must be in [0, 1)")
+    max_positions: int = option(
+        4096, "initial size of the sinusoidal position table; it grows on demand and is not saved"
+    )
+    word_dropout: float = option(
+        0.0,
+        "training only: each source word and decoder-input word is replaced by "
+        "`word_dropout_token` with this probability; special tokens (markup, `<bos>`) "
+        "and the targets never change (G-Transformer: 0.3 from scratch, 0.1 fine-tuned); "
+        "must be in [0, 1)",
+    )
     word_dropout_token: Literal["unk", "mask"] = option("unk", "the replacement token of word dropout")
     encoder: PartConfig = part("encoder", "transformer", "the encoder; see [Encoders](#encoders)")
     decoder: PartConfig = part("decoder", "transformer", "the decoder; see [Decoders](#decoders)")
@@ -174,59 +209,94 @@ class OptimConfig(PartConfig):
     betas: list[float] = option([0.9, 0.98], "passed when the optimizer accepts `betas`")
     eps: float = option(1.0e-9, "passed when the optimizer accepts `eps`")
     weight_decay: float = option(0.0, "passed when the optimizer accepts `weight_decay`")
-    params: dict = option({}, "any other constructor argument by name, e.g. `{momentum: 0.9, nesterov: true}` "
-                          "for `sgd`")
+    params: dict = option(
+        {}, "any other constructor argument by name, e.g. `{momentum: 0.9, nesterov: true}` for `sgd`"
+    )
     schedule: PartConfig = part("schedule", "inverse_sqrt", "learning-rate schedule, see [Schedules](#schedules)")
 
 
 @dataclass
 class TrainConfig:
-    batch_tokens: int = option(4096, "padded tokens per batch: B × max(source length, target length + 1), "
-                               "markup included (see [data.md](data.md#token-budget)); also the validation "
-                               "batch size", minimum=1)
+    batch_tokens: int = option(
+        4096,
+        "padded tokens per batch: B × max(source length, target length + 1), "
+        "markup included (see [data.md](data.md#token-budget)); also the validation "
+        "batch size",
+        minimum=1,
+    )
     accum: int = option(1, "batches per optimizer step, per process", minimum=1)
-    max_steps: int = option(100000, "optimizer steps; training stops there, validating and saving at that step",
-                            minimum=0)
-    max_epochs: int = option(0, "stop once this many epochs are done (0 = no limit). Checked before each step, "
-                             "so the step that starts the next epoch still runs; there is no extra save or "
-                             "validation when this limit ends the run")
+    max_steps: int = option(
+        100000, "optimizer steps; training stops there, validating and saving at that step", minimum=0
+    )
+    max_epochs: int = option(
+        0,
+        "stop once this many epochs are done (0 = no limit). Checked before each step, "
+        "so the step that starts the next epoch still runs; there is no extra save or "
+        "validation when this limit ends the run",
+    )
     valid_every: int = option(1000, "validate every this many steps (and at `max_steps`)", minimum=1)
     valid_bleu: bool = option(True, "translate the validation set at each validation and report BLEU")
     valid_beam: int = option(1, "beam for validation BLEU (1 = greedy, fast)", minimum=1)
-    save_every: int = option(1000, "write `step_N.pt` and `last.pt` every this many steps (and at `max_steps` "
-                             "and when early stopping)", minimum=1)
-    keep_last: int = option(5, "how many `step_N.pt` files to keep (at least 1; older ones are deleted, and so "
-                            "are leftovers `*.tmp<pid>` of interrupted saves)", minimum=1)
+    save_every: int = option(
+        1000,
+        "write `step_N.pt` and `last.pt` every this many steps (and at `max_steps` and when early stopping)",
+        minimum=1,
+    )
+    keep_last: int = option(
+        5,
+        "how many `step_N.pt` files to keep (at least 1; older ones are deleted, and so "
+        "are leftovers `*.tmp<pid>` of interrupted saves)",
+        minimum=1,
+    )
     early_stopping: int = option(0, "stop after this many validations in a row without improvement (0 = off)")
     early_stopping_metric: Literal["loss", "bleu"] = option(
-        "loss", "validation metric for early stopping and `best.pt` (lower loss / higher BLEU is better); `bleu` "
-        "needs `valid_bleu: true`")
-    max_grad_norm: float = option(1.0, "clip the gradient norm to this (0 = no clipping; the norm is still "
-                                  "logged)")
+        "loss",
+        "validation metric for early stopping and `best.pt` (lower loss / higher BLEU is better); `bleu` "
+        "needs `valid_bleu: true`",
+    )
+    max_grad_norm: float = option(1.0, "clip the gradient norm to this (0 = no clipping; the norm is still logged)")
     amp: Literal["auto", "bf16", "fp16", "fp32"] = option(
-        "auto", "mixed precision. `auto`: bf16 autocast on GPUs (fp16 with gradient scaling where bf16 is "
+        "auto",
+        "mixed precision. `auto`: bf16 autocast on GPUs (fp16 with gradient scaling where bf16 is "
         "missing), float32 on CPUs. `bf16` on a CPU with AMX (Sapphire Rapids and later) is about 1.6× faster "
         "for d_model 256 models but slower for tiny ones, so it is opt-in there ([benchmarks](benchmarks.md)); "
-        "`fp16` on a CPU logs a warning and trains in float32; `fp32` turns mixed precision off")
+        "`fp16` on a CPU logs a warning and trains in float32; `fp32` turns mixed precision off",
+    )
     seed: int = option(1, "seeds torch, Python's `random` and the data order")
-    init_from: Optional[str] = option(None, "checkpoint whose parameters initialise the model: every parameter "
-                                      "with the same name is copied (a shape mismatch is an error naming it), "
-                                      "the others start fresh. Its vocabularies must equal the run folder's "
-                                      "(copy its vocabulary and subword files into `log.dir`)")
-    init_lr_scale: float = option(0.2, "learning-rate scale of the parameters copied by `init_from` (the new "
-                                  "ones train at the full rate; G-Transformer fine-tuning: 1e-4 vs 5e-4)")
-    resume: bool = option(True, "continue from `<log.dir>/checkpoints/last.pt` when it exists (see "
-                          "[getting_started.md](getting_started.md#resume)); a `last.pt` without training state "
-                          "(`best.pt`, an averaged checkpoint) is refused: use `init_from`")
+    init_from: Optional[str] = option(
+        None,
+        "checkpoint whose parameters initialise the model: every parameter "
+        "with the same name is copied (a shape mismatch is an error naming it), "
+        "the others start fresh. Its vocabularies must equal the run folder's "
+        "(copy its vocabulary and subword files into `log.dir`)",
+    )
+    init_lr_scale: float = option(
+        0.2,
+        "learning-rate scale of the parameters copied by `init_from` (the new "
+        "ones train at the full rate; G-Transformer fine-tuning: 1e-4 vs 5e-4)",
+    )
+    resume: bool = option(
+        True,
+        "continue from `<log.dir>/checkpoints/last.pt` when it exists (see "
+        "[getting_started.md](getting_started.md#resume)); a `last.pt` without training state "
+        "(`best.pt`, an averaged checkpoint) is refused: use `init_from`",
+    )
     resume_data: Literal["exact", "next_epoch"] = option(
-        "exact", "a resume after the training data, `batch_tokens`, `seed` or the number of processes changed: "
+        "exact",
+        "a resume after the training data, `batch_tokens`, `seed` or the number of processes changed: "
         "`exact` refuses it (the checkpoint's data position would index another batch order); `next_epoch` "
-        "accepts it and continues with the new batch order from the start of the next epoch")
-    device: str = option("auto", "`auto`, `cpu`, `cuda` or `cuda:N`; `auto` and `cuda` put process *i* of a node "
-                         "on `cuda:i`")
-    threads: int = option(0, "CPU threads per process (at least 0); 0 = automatic: `OMP_NUM_THREADS` when set "
-                          "and training runs in one process, else cores / processes on this node; no effect on "
-                          "GPUs", minimum=0)
+        "accepts it and continues with the new batch order from the start of the next epoch",
+    )
+    device: str = option(
+        "auto", "`auto`, `cpu`, `cuda` or `cuda:N`; `auto` and `cuda` put process *i* of a node on `cuda:i`"
+    )
+    threads: int = option(
+        0,
+        "CPU threads per process (at least 0); 0 = automatic: `OMP_NUM_THREADS` when set "
+        "and training runs in one process, else cores / processes on this node; no effect on "
+        "GPUs",
+        minimum=0,
+    )
 
     def validate(self, path: str, root: "Config") -> None:
         """Early stopping on BLEU needs the BLEU that only valid_bleu computes."""
@@ -237,39 +307,70 @@ class TrainConfig:
 @dataclass
 class TranslateConfig:
     beam: int = option(5, "beam size (1 = greedy); flag `-beam`", minimum=1)
-    n_best: int = option(1, "hypotheses per output line, tab-separated, for every model (see "
-                         "[getting_started.md](getting_started.md#translation)); at most `beam`; flag `-n_best`",
-                         minimum=1)
-    length_penalty: float = option(1.0, "GNMT α: scores are divided by `((5 + length) / 6)^α`, length counting "
-                                   "`<eos>`; 0 = none, at least 0; flag `-length_penalty`", minimum=0)
+    n_best: int = option(
+        1,
+        "hypotheses per output line, tab-separated, for every model (see "
+        "[getting_started.md](getting_started.md#translation)); at most `beam`; flag `-n_best`",
+        minimum=1,
+    )
+    length_penalty: float = option(
+        1.0,
+        "GNMT α: scores are divided by `((5 + length) / 6)^α`, length counting "
+        "`<eos>`; 0 = none, at least 0; flag `-length_penalty`",
+        minimum=0,
+    )
     length_penalty_type: Literal["gnmt", "avg", "none"] = option(
-        "gnmt", "what a finished hypothesis' log-probability is divided by: `gnmt` = `((5 + length) / 6)^α` with "
+        "gnmt",
+        "what a finished hypothesis' log-probability is divided by: `gnmt` = `((5 + length) / 6)^α` with "
         "α = `length_penalty`, `avg` = its length (OpenNMT-py's `avg`: mean log-probability per token; ignores "
-        "`length_penalty`), `none` = 1; flag `-length_penalty_type`")
-    max_len_ratio: float = option(1.5, "output length cap = ratio × source length (in tokens, markup included) + "
-                                  "`max_len_add`; flag `-max_len_ratio`")
+        "`length_penalty`), `none` = 1; flag `-length_penalty_type`",
+    )
+    max_len_ratio: float = option(
+        1.5,
+        "output length cap = ratio × source length (in tokens, markup included) + `max_len_add`; flag `-max_len_ratio`",
+    )
     max_len_add: int = option(10, "constant part of the cap (at least 0)", minimum=0)
-    max_length: int = option(250, "absolute output cap per sentence in subword tokens, whatever the ratio "
-                             "(OpenNMT-py caps at 250, CTranslate2 at 256); at least 1; flag `-max_length`",
-                             minimum=1)
-    max_input_tokens: int = option(200, "a source line longer than this many subwords is split at a word "
-                                   "boundary (the last one in the second half of each piece, else at the limit) "
-                                   "into pieces translated on their own and joined with a space; the final line "
-                                   "counts them. Bounds the quadratic cost of one line; at least 1; `-score` does "
-                                   "not split; flag `-max_input_tokens`", minimum=1)
-    window_sentences: int = option(0, "`context` unit (HM-GDC): sentences per translation window; 0 = "
-                                   "`data.max_sentences`, or, when that is 0 too, windows packed to "
-                                   "`data.max_tokens` tokens, so a long document is never one window (time per "
-                                   "sentence stays flat); flag `-window_sentences`", minimum=0)
-    batch_tokens: int = option(4096, "padded source tokens per translation batch; flag `-batch_tokens`",
-                               minimum=1)
-    batch_sentences: int = option(0, "cap on batch rows: sentences (for the `document` unit: document "
-                                  "instances); 0 = no cap, at least 0; flag `-batch_size`", minimum=0)
-    buffer_sentences: int = option(2000, "read whole documents until at least this many sentences are buffered, "
-                                   "then translate them in length-sorted batches", minimum=1)
+    max_length: int = option(
+        250,
+        "absolute output cap per sentence in subword tokens, whatever the ratio "
+        "(OpenNMT-py caps at 250, CTranslate2 at 256); at least 1; flag `-max_length`",
+        minimum=1,
+    )
+    max_input_tokens: int = option(
+        200,
+        "a source line longer than this many subwords is split at a word "
+        "boundary (the last one in the second half of each piece, else at the limit) "
+        "into pieces translated on their own and joined with a space; the final line "
+        "counts them. Bounds the quadratic cost of one line; at least 1; `-score` does "
+        "not split; flag `-max_input_tokens`",
+        minimum=1,
+    )
+    window_sentences: int = option(
+        0,
+        "`context` unit (HM-GDC): sentences per translation window; 0 = "
+        "`data.max_sentences`, or, when that is 0 too, windows packed to "
+        "`data.max_tokens` tokens, so a long document is never one window (time per "
+        "sentence stays flat); flag `-window_sentences`",
+        minimum=0,
+    )
+    batch_tokens: int = option(4096, "padded source tokens per translation batch; flag `-batch_tokens`", minimum=1)
+    batch_sentences: int = option(
+        0,
+        "cap on batch rows: sentences (for the `document` unit: document "
+        "instances); 0 = no cap, at least 0; flag `-batch_size`",
+        minimum=0,
+    )
+    buffer_sentences: int = option(
+        2000,
+        "read whole documents until at least this many sentences are buffered, "
+        "then translate them in length-sorted batches",
+        minimum=1,
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = option(
-        "float32", "compute type of the weights while translating (`onmt_doc_translate -dtype`); bfloat16 is much "
-        "faster on GPUs and on CPUs with AMX, at a small cost in exactness; beam scores stay float32")
+        "float32",
+        "compute type of the weights while translating (`onmt_doc_translate -dtype`); bfloat16 is much "
+        "faster on GPUs and on CPUs with AMX, at a small cost in exactness; beam scores stay float32",
+    )
 
     def validate(self, path: str, root: "Config") -> None:
         """The n best hypotheses come from the beam, so there are at most beam of them."""
@@ -279,9 +380,12 @@ class TranslateConfig:
 
 @dataclass
 class LogConfig:
-    dir: str = option("runs/default", "the run folder: config, vocabularies, cache, checkpoints, TensorBoard (see "
-                      "[getting_started.md](getting_started.md#the-run-folder)); one training at a time holds its "
-                      "`.lock` ([one training per run folder](getting_started.md#one-training-per-run-folder))")
+    dir: str = option(
+        "runs/default",
+        "the run folder: config, vocabularies, cache, checkpoints, TensorBoard (see "
+        "[getting_started.md](getting_started.md#the-run-folder)); one training at a time holds its "
+        "`.lock` ([one training per run folder](getting_started.md#one-training-per-run-folder))",
+    )
     tensorboard: bool = option(True, "write TensorBoard scalars to `<dir>/tensorboard`")
     every: int = option(50, "progress line and `train/*` scalars every this many steps", minimum=1)
 
@@ -291,8 +395,9 @@ class Config:
     data: DataConfig = option(help="files and how they become instances", factory=DataConfig)
     vocab: VocabConfig = option(help="subword model and vocabularies", factory=VocabConfig)
     model: ModelConfig = option(help="the network: width, embeddings, encoder and decoder", factory=ModelConfig)
-    loss: list[LossConfig] = part("loss", None, "the losses, summed with their weights (empty: one "
-                                  "`label_smoothed_ce`)")
+    loss: list[LossConfig] = part(
+        "loss", None, "the losses, summed with their weights (empty: one `label_smoothed_ce`)"
+    )
     optim: OptimConfig = part("optimizer", "adam", "the optimizer and its learning-rate schedule")
     train: TrainConfig = option(help="the training loop", factory=TrainConfig)
     translate: TranslateConfig = option(help="beam search and translation batching", factory=TranslateConfig)
@@ -305,11 +410,14 @@ class Config:
     def validate(self, path: str, root: "Config") -> None:
         """Checks across sections; run before any subword learning, so a mistake costs nothing."""
         if self.model.share_embeddings and not self.vocab.shared:
-            raise ConfigError("model.share_embeddings: true needs one shared vocabulary "
-                              "(vocab.shared: true), or set model.share_embeddings: false")
+            raise ConfigError(
+                "model.share_embeddings: true needs one shared vocabulary "
+                "(vocab.shared: true), or set model.share_embeddings: false"
+            )
 
 
 # ----------------------------------------------------------------------------- loading
+
 
 def _join(path: str, key: Any) -> str:
     return f"{path}.{key}" if path else str(key)
@@ -346,8 +454,7 @@ class _Loader:
         fields = {f.name: f for f in dataclasses.fields(cls)}
         for key in data:
             if key not in fields:
-                raise ConfigError(f"{self.source}: unknown key '{_join(path, key)}'"
-                                  f"{closest(str(key), fields)}")
+                raise ConfigError(f"{self.source}: unknown key '{_join(path, key)}'{closest(str(key), fields)}")
         kwargs = {}
         for name, f in fields.items():
             if name in data:
@@ -450,8 +557,7 @@ def apply_overrides(raw: dict, overrides: list[str], source: str = "command line
             where = ".".join(parts[: i + 1])
             if isinstance(node, list):
                 if not name.isdigit() or int(name) >= len(node):
-                    raise ConfigError(f"{source}: override '{key}': '{where}' needs an index "
-                                      f"below {len(node)}")
+                    raise ConfigError(f"{source}: override '{key}': '{where}' needs an index below {len(node)}")
                 if last:
                     node[int(name)] = value
                 else:
@@ -528,7 +634,7 @@ def load_config(path: Optional[str], overrides: Optional[list[str]] = None) -> C
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: expected a mapping of sections at the top level")
     if overrides:
-        config_from_dict(copy.deepcopy(raw), source)      # a mistake in the file is the file's
+        config_from_dict(copy.deepcopy(raw), source)  # a mistake in the file is the file's
         apply_overrides(raw, list(overrides))
         source = f"{source} with command-line overrides" if path else source
     return config_from_dict(raw, source)
@@ -540,8 +646,9 @@ def config_to_dict(cfg: Config) -> dict:
 
 def save_config(cfg: Config, path: str) -> None:
     """Write the resolved config (every key, defaults included) atomically."""
-    text = (f"# onmt_doc resolved config, format_version {FORMAT_VERSION}\n"
-            + yaml.safe_dump(config_to_dict(cfg), sort_keys=False, allow_unicode=True))
+    text = f"# onmt_doc resolved config, format_version {FORMAT_VERSION}\n" + yaml.safe_dump(
+        config_to_dict(cfg), sort_keys=False, allow_unicode=True
+    )
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)

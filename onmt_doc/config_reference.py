@@ -6,6 +6,7 @@ text between ``<!-- config-keys NAME -->`` and ``<!-- /config-keys -->`` is gene
 top-level section (``data``, ``loss`` for the keys every loss has, ``optim`` ...) or a registered
 part as ``kind:name`` (``encoder:g_transformer``, ``schedule:noam``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -90,8 +91,9 @@ def value_text(value: Any) -> str:
     if isinstance(value, PartConfig):
         return f"{{type: {value.type}}}"
     if dataclasses.is_dataclass(value):
-        return "{" + ", ".join(f"{g.name}: {value_text(getattr(value, g.name))}"
-                               for g in dataclasses.fields(value)) + "}"
+        return (
+            "{" + ", ".join(f"{g.name}: {value_text(getattr(value, g.name))}" for g in dataclasses.fields(value)) + "}"
+        )
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -117,15 +119,15 @@ def render(table: Table) -> str:
     "(inside `train`/`valid`)"."""
     hints = typing.get_type_hints(table.cls)
     fields = [f for f in dataclasses.fields(table.cls) if table.with_type or f.name != "type"]
-    fields = fields or list(dataclasses.fields(table.cls))   # a part without keys of its own: its type
+    fields = fields or list(dataclasses.fields(table.cls))  # a part without keys of its own: its type
     lines = [HEADER]
     for i, f in enumerate(fields):
         lines.append(row(f, hints[f.name], getattr(table.defaults, f.name)))
         nested = hints[f.name]
         if not dataclasses.is_dataclass(nested) or f.metadata.get("part"):
             continue
-        if any(hints[g.name] is nested for g in fields[i + 1:]):
-            continue                                   # listed once, after the last field of its type
+        if any(hints[g.name] is nested for g in fields[i + 1 :]):
+            continue  # listed once, after the last field of its type
         holders = "/".join(f"`{g.name}`" for g in fields if hints[g.name] is nested)
         inner = typing.get_type_hints(nested)
         for g in dataclasses.fields(nested):
@@ -142,8 +144,10 @@ def regenerate(text: str) -> str:
     unknown = [name for name in present if name not in wanted]
     missing = [name for name in wanted if name not in present]
     if unknown or missing:
-        raise ValueError(f"docs/config.md: tables of unknown names {unknown}; missing tables {missing} (add "
-                         f"'{BEGIN.format('kind:name')}' and '{END}' lines under the part's heading)")
+        raise ValueError(
+            f"docs/config.md: tables of unknown names {unknown}; missing tables {missing} (add "
+            f"'{BEGIN.format('kind:name')}' and '{END}' lines under the part's heading)"
+        )
     return pattern.sub(lambda m: f"{BEGIN.format(m.group(1))}\n{render(wanted[m.group(1)])}\n{END}", text)
 
 

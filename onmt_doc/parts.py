@@ -1,6 +1,7 @@
 """The interfaces encoders and decoders share: what every part receives besides its own config
 section (``PartContext``) and what an encoder hands to a decoder (``EncoderOut``), so decoders never
 import the encoders package."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -22,9 +23,9 @@ class PartContext:
 
 @dataclass
 class EncoderOut:
-    memory: torch.Tensor                    # [B, S, D]
-    pad_mask: torch.Tensor                  # [B, S] True on padding
-    groups: Optional[torch.Tensor] = None   # [B, S] sentence tags (document models)
+    memory: torch.Tensor  # [B, S, D]
+    pad_mask: torch.Tensor  # [B, S] True on padding
+    groups: Optional[torch.Tensor] = None  # [B, S] sentence tags (document models)
     extra: dict = field(default_factory=dict)
 
     def attention_mask(self) -> torch.Tensor:

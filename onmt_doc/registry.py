@@ -4,6 +4,7 @@ Each kind of part (encoder, decoder, loss, optimizer, schedule) has one :class:`
 A part registers itself with its own config dataclass; the config loader validates the part's
 YAML section against that dataclass, and :meth:`Registry.build` gives the part only that section.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -47,8 +48,9 @@ class Registry:
 
         def decorator(cls):
             if name in self._entries:
-                raise ValueError(f"{self.kind} '{name}' is already registered "
-                                 f"by {self._entries[name].cls.__qualname__}")
+                raise ValueError(
+                    f"{self.kind} '{name}' is already registered by {self._entries[name].cls.__qualname__}"
+                )
             self._entries[name] = Entry(name, cls, config)
             return cls
 
@@ -62,8 +64,10 @@ class Registry:
 
     def get(self, name: str, where: str = "type") -> Entry:
         if name not in self._entries:
-            raise ConfigError(f"{where}: unknown {self.kind} type '{name}'{closest(name, self._entries)}; "
-                              f"registered: {', '.join(self.names())}")
+            raise ConfigError(
+                f"{where}: unknown {self.kind} type '{name}'{closest(name, self._entries)}; "
+                f"registered: {', '.join(self.names())}"
+            )
         return self._entries[name]
 
     def build(self, cfg: Any, *args: Any, **kwargs: Any) -> Any:

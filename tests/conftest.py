@@ -1,4 +1,5 @@
 """Shared fixtures: a toy corpus the project writes itself and tiny model configs."""
+
 from __future__ import annotations
 
 import logging
@@ -30,15 +31,27 @@ def toy_dir(tmp_path_factory) -> Path:
 def tiny_config(toy: Path, run_dir: Path, **sections) -> dict:
     """A 2+2-layer, d=64 Transformer on the toy corpus; ``sections`` update top-level sections."""
     cfg = {
-        "data": {"train": {"src": str(toy / "train.src"), "tgt": str(toy / "train.tgt")},
-                 "valid": {"src": str(toy / "valid.src"), "tgt": str(toy / "valid.tgt")}},
+        "data": {
+            "train": {"src": str(toy / "train.src"), "tgt": str(toy / "train.tgt")},
+            "valid": {"src": str(toy / "valid.src"), "tgt": str(toy / "valid.tgt")},
+        },
         "vocab": {"subword": "bpe", "size": 300, "shared": True},
-        "model": {"d_model": 64, "dropout": 0.1, "attention_dropout": 0.0,
-                  "encoder": {"type": "transformer", "layers": 2, "heads": 4, "ff": 128},
-                  "decoder": {"type": "transformer", "layers": 2, "heads": 4, "ff": 128}},
+        "model": {
+            "d_model": 64,
+            "dropout": 0.1,
+            "attention_dropout": 0.0,
+            "encoder": {"type": "transformer", "layers": 2, "heads": 4, "ff": 128},
+            "decoder": {"type": "transformer", "layers": 2, "heads": 4, "ff": 128},
+        },
         "optim": {"type": "adam", "lr": 2.0e-3, "schedule": {"type": "inverse_sqrt", "warmup": 100}},
-        "train": {"batch_tokens": 1024, "max_steps": 20, "valid_every": 1000, "save_every": 1000,
-                  "valid_bleu": False, "seed": 1},
+        "train": {
+            "batch_tokens": 1024,
+            "max_steps": 20,
+            "valid_every": 1000,
+            "save_every": 1000,
+            "valid_bleu": False,
+            "seed": 1,
+        },
         "translate": {"beam": 3},
         "log": {"dir": str(run_dir), "tensorboard": False, "every": 10},
     }
@@ -52,8 +65,9 @@ def write_config(cfg: dict, path: Path) -> Path:
     return path
 
 
-def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None,
-            timeout: int = 600) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 600
+) -> subprocess.CompletedProcess:
     """Run a command in a fresh interpreter (what a user gets), capturing its output."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run(list(args), cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)

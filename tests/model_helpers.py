@@ -1,4 +1,5 @@
 """Build small random models and batches directly (no training, no files)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -33,7 +34,14 @@ def random_batch(sizes: list[tuple[int, int]], seed: int = 0) -> Batch:
     """Sentence examples with (src_len, tgt_len) word counts: uneven lengths give padding."""
     rng = np.random.default_rng(seed)
     first = len(SPECIALS)
-    examples = [Example(mark_sentence(rng.integers(first, first + N_WORDS, s)),
-                        mark_sentence(rng.integers(first, first + N_WORDS, t)), i, 0, 1)
-                for i, (s, t) in enumerate(sizes)]
+    examples = [
+        Example(
+            mark_sentence(rng.integers(first, first + N_WORDS, s)),
+            mark_sentence(rng.integers(first, first + N_WORDS, t)),
+            i,
+            0,
+            1,
+        )
+        for i, (s, t) in enumerate(sizes)
+    ]
     return collate(examples, np.arange(len(examples)))

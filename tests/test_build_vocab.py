@@ -1,5 +1,6 @@
 """onmt_doc_build_vocab, SentencePiece, separate vocabularies (vocab.shared: false) and the
 quickstart tool, end to end on a slice of the toy corpus."""
+
 from __future__ import annotations
 
 import sys
@@ -26,8 +27,9 @@ def expected_vocab(path: Path, min_freq: int) -> list[str]:
 
 def test_build_vocab_cli_writes_separate_counted_vocabularies(toy_dir, tmp_path):
     data = small_corpus(toy_dir, tmp_path / "data", lines=200)
-    cfg = tiny_config(toy_dir, tmp_path / "run", vocab={"subword": "none", "tokenizer": "space",
-                                                        "shared": False, "min_freq": 2})
+    cfg = tiny_config(
+        toy_dir, tmp_path / "run", vocab={"subword": "none", "tokenizer": "space", "shared": False, "min_freq": 2}
+    )
     cfg["model"]["share_embeddings"] = False
     cfg["data"]["train"] = {"src": str(data / "train.src"), "tgt": str(data / "train.tgt")}
     proc = run_cli(*BUILD_VOCAB, "-config", str(write_config(cfg, tmp_path / "x.yaml")))
@@ -55,7 +57,7 @@ def test_training_uses_the_vocabulary_build_vocab_wrote(toy_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr
     vocab = tmp_path / "run" / "vocab.txt"
     model = (tmp_path / "run" / "subword.model").read_bytes()
-    assert "@@" in model.decode("utf-8") or len(model.splitlines()) > 10      # a BPE merge table
+    assert "@@" in model.decode("utf-8") or len(model.splitlines()) > 10  # a BPE merge table
     # hand-edit the vocabulary: training must take the file as it is, not learn a new one
     tokens = vocab.read_text(encoding="utf-8").split("\n")[:-1]
     vocab.write_text("\n".join(tokens + ["handmade_token"]) + "\n", encoding="utf-8")
@@ -76,11 +78,15 @@ def test_sentencepiece_with_separate_vocabularies_trains_and_translates(toy_dir,
 
     write_variant(toy_dir, tmp_path / "data", "train", 300)
     data = tmp_path / "data"
-    cfg = tiny_config(toy_dir, tmp_path / "run", vocab={"subword": "sentencepiece", "size": 100, "shared": False},
-                      train={"max_steps": 3, "save_every": 3})
+    cfg = tiny_config(
+        toy_dir,
+        tmp_path / "run",
+        vocab={"subword": "sentencepiece", "size": 100, "shared": False},
+        train={"max_steps": 3, "save_every": 3},
+    )
     cfg["data"] = {"train": {"src": str(data / "train.src"), "tgt": str(data / "train.tgt")}}
     with pytest.raises(ConfigError, match="share_embeddings.*vocab.shared"):
-        config_from_dict(cfg)                                  # refused when read, before any subword learning
+        config_from_dict(cfg)  # refused when read, before any subword learning
     assert not (tmp_path / "run").exists()
     cfg["model"]["share_embeddings"] = False
     train(config_from_dict(cfg))
@@ -91,7 +97,7 @@ def test_sentencepiece_with_separate_vocabularies_trains_and_translates(toy_dir,
     assert codec.src_subword.kind == codec.tgt_subword.kind == "sentencepiece"
     assert codec.src_vocab != codec.tgt_vocab and "▁hund" not in codec.src_vocab.stoi
     assert any(t.endswith("katze") or "ネ" in t for t in codec.tgt_vocab.itos)
-    assert model.encoder.embeddings.tokens.weight.size(0) == len(codec.src_vocab)   # own tables
+    assert model.encoder.embeddings.tokens.weight.size(0) == len(codec.src_vocab)  # own tables
     assert model.generator.weight.size(0) == len(codec.tgt_vocab)
     # every target line (non-ASCII ones included) survives encode -> decode, up to SentencePiece's
     # own NFKC normalisation (its default rule): decomposed marks come back composed ("bau\u0308m"
@@ -102,15 +108,25 @@ def test_sentencepiece_with_separate_vocabularies_trains_and_translates(toy_dir,
         assert codec.decode(list(ids)) == unicodedata.normalize("NFKC", line)
     src_line = " ".join(["the", SRC_MAP["dog"], "sees", "a", SRC_MAP["bird"], "."])
     src_ids = codec.encode([src_line], "src")[0].tolist()
-    assert 1 not in src_ids                                     # no <unk>: the source model covers it
+    assert 1 not in src_ids  # no <unk>: the source model covers it
     (out,) = Translator(model, codec, saved).translate_documents([[src_line]])
     assert len(out) == 1 and isinstance(out[0], str)
 
 
 def test_quickstart_tool_runs_end_to_end(tmp_path):
     out = tmp_path / "qs"
-    proc = run_cli(sys.executable, str(REPO / "tools" / "quickstart.py"), "--out", str(out), "--steps", "3",
-                   "--train-docs", "40", "--eval-docs", "4")
+    proc = run_cli(
+        sys.executable,
+        str(REPO / "tools" / "quickstart.py"),
+        "--out",
+        str(out),
+        "--steps",
+        "3",
+        "--train-docs",
+        "40",
+        "--eval-docs",
+        "4",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "context-dependent pronoun accuracy" in proc.stderr and "BLEU" in proc.stderr
     src = (out / "data" / "test.src").read_text(encoding="utf-8").split("\n")

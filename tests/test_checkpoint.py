@@ -1,4 +1,5 @@
 """Checkpoint format: atomic writes, weights_only loading, averaging, init_from."""
+
 from __future__ import annotations
 
 import sys
@@ -14,7 +15,7 @@ from onmt_doc.models.checkpoint import load_checkpoint, load_model, save_checkpo
 
 def test_checkpoint_holds_plain_data_and_loads_with_weights_only(trained_run):
     path = trained_run / "checkpoints" / "last.pt"
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)   # raises on any pickled object
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)  # raises on any pickled object
     assert ckpt["format_version"] == 1
     assert {"config", "codec", "model", "train_state"} <= set(ckpt)
     assert isinstance(ckpt["codec"]["src_subword"]["model"], bytes)
@@ -40,15 +41,21 @@ def test_average_checkpoints_tool(trained_run, tmp_path):
     b = dict(a)
     b["model"] = {k: v + 1.0 if v.is_floating_point() else v for k, v in a["model"].items()}
     save_checkpoint(b, str(tmp_path / "b.pt"))
-    proc = run_cli(sys.executable, str(REPO / "tools" / "average_checkpoints.py"), "-models",
-                   str(trained_run / "checkpoints" / "last.pt"), str(tmp_path / "b.pt"),
-                   "-output", str(tmp_path / "avg.pt"))
+    proc = run_cli(
+        sys.executable,
+        str(REPO / "tools" / "average_checkpoints.py"),
+        "-models",
+        str(trained_run / "checkpoints" / "last.pt"),
+        str(tmp_path / "b.pt"),
+        "-output",
+        str(tmp_path / "avg.pt"),
+    )
     assert proc.returncode == 0, proc.stderr
     avg = load_checkpoint(str(tmp_path / "avg.pt"))
     for k, v in a["model"].items():
         if v.is_floating_point():
             assert torch.allclose(avg["model"][k], v + 0.5, atol=1e-6), k
-    load_model(str(tmp_path / "avg.pt"))   # usable for translation
+    load_model(str(tmp_path / "avg.pt"))  # usable for translation
 
 
 def test_init_from_copies_shared_parameters_and_scales_their_lr(trained_run, toy_dir, tmp_path):
@@ -57,12 +64,16 @@ def test_init_from_copies_shared_parameters_and_scales_their_lr(trained_run, toy
 
     from onmt_doc.train.distributed import DistContext
     from onmt_doc.train.trainer import Trainer
+
     run = tmp_path / "ft"
     run.mkdir()
     for f in ("vocab.txt", "subword.model"):
         shutil.copy(trained_run / f, run / f)
-    cfg = tiny_config(toy_dir, run, train={"init_from": str(trained_run / "checkpoints" / "last.pt"),
-                                           "init_lr_scale": 0.2, "max_steps": 0})
+    cfg = tiny_config(
+        toy_dir,
+        run,
+        train={"init_from": str(trained_run / "checkpoints" / "last.pt"), "init_lr_scale": 0.2, "max_steps": 0},
+    )
     cfg["model"]["encoder"]["layers"] = 3
     trainer = Trainer(config_from_dict(cfg), DistContext())
     src = load_checkpoint(str(trained_run / "checkpoints" / "last.pt"))["model"]
@@ -87,10 +98,10 @@ def test_save_fsyncs_the_file_before_the_rename_and_the_folder_after(tmp_path, m
 
     events = []
     real_fsync, real_replace = os.fsync, os.replace
-    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))),
-                                                 real_fsync(fd))[1])
-    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", str(a), str(b))),
-                                                     real_replace(a, b))[1])
+    monkeypatch.setattr(
+        os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))), real_fsync(fd))[1]
+    )
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", str(a), str(b))), real_replace(a, b))[1])
     path = str(tmp_path / "last.pt")
     save_checkpoint({"model": {}}, path)
     (_, synced), (_, tmp, dst), (_, folder) = events

@@ -1,4 +1,5 @@
 """Commands as users run them: one-line errors for mistakes, line/document alignment kept."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,7 +16,7 @@ def assert_one_line_error(proc, *needles: str) -> None:
     err = proc.stderr.strip()
     assert "Traceback" not in err, err
     errors = [line for line in err.splitlines() if "error:" in line]
-    assert len(errors) == 1 and err.splitlines()[-1] == errors[0], err   # progress lines may precede it
+    assert len(errors) == 1 and err.splitlines()[-1] == errors[0], err  # progress lines may precede it
     for needle in needles:
         assert needle in errors[0], err
 
@@ -31,19 +32,24 @@ def test_unknown_key(config_path):
 
 
 def test_wrong_type(config_path):
-    assert_one_line_error(run_cli(*TRAIN, "-config", str(config_path), "train.max_steps=lots"),
-                          "train.max_steps", "expected int")
+    assert_one_line_error(
+        run_cli(*TRAIN, "-config", str(config_path), "train.max_steps=lots"), "train.max_steps", "expected int"
+    )
 
 
 def test_unknown_type(config_path):
-    assert_one_line_error(run_cli(*TRAIN, "-config", str(config_path), "model.decoder.type=lstm"),
-                          "unknown decoder type 'lstm'", "transformer")
+    assert_one_line_error(
+        run_cli(*TRAIN, "-config", str(config_path), "model.decoder.type=lstm"),
+        "unknown decoder type 'lstm'",
+        "transformer",
+    )
 
 
 def test_missing_config_and_data_files(config_path, tmp_path):
     assert_one_line_error(run_cli(*TRAIN, "-config", str(tmp_path / "nope.yaml")), "nope.yaml", "not found")
-    assert_one_line_error(run_cli(*TRAIN, "-config", str(config_path), f"data.train.src={tmp_path}/none.en"),
-                          "none.en", "not found")
+    assert_one_line_error(
+        run_cli(*TRAIN, "-config", str(config_path), f"data.train.src={tmp_path}/none.en"), "none.en", "not found"
+    )
 
 
 def test_misaligned_files(config_path, tmp_path, toy_dir):
@@ -51,18 +57,21 @@ def test_misaligned_files(config_path, tmp_path, toy_dir):
     tgt = (toy_dir / "train.tgt").read_text().splitlines()[:50]
     (tmp_path / "m.src").write_text("\n".join(src) + "\n")
     (tmp_path / "m.tgt").write_text("\n".join(tgt[:20] + tgt[21:]) + "\n")
-    proc = run_cli(*TRAIN, "-config", str(config_path), f"data.train.src={tmp_path}/m.src",
-                   f"data.train.tgt={tmp_path}/m.tgt")
+    proc = run_cli(
+        *TRAIN, "-config", str(config_path), f"data.train.src={tmp_path}/m.src", f"data.train.tgt={tmp_path}/m.tgt"
+    )
     assert_one_line_error(proc, "m.")
 
 
 def test_corrupt_checkpoint(tmp_path, toy_dir):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"this is not a checkpoint")
-    assert_one_line_error(run_cli(*TRANSLATE, "-model", str(bad), "-src", str(toy_dir / "test.src")),
-                          "bad.pt", "checkpoint")
-    assert_one_line_error(run_cli(*TRANSLATE, "-model", str(tmp_path / "missing.pt"), "-src", "x"),
-                          "missing.pt", "not found")
+    assert_one_line_error(
+        run_cli(*TRANSLATE, "-model", str(bad), "-src", str(toy_dir / "test.src")), "bad.pt", "checkpoint"
+    )
+    assert_one_line_error(
+        run_cli(*TRANSLATE, "-model", str(tmp_path / "missing.pt"), "-src", "x"), "missing.pt", "not found"
+    )
 
 
 def test_bad_command_line(tmp_path):
@@ -71,18 +80,39 @@ def test_bad_command_line(tmp_path):
 
 def test_translator_keeps_lines_and_documents(trained_run, tmp_path):
     """Empty documents (several blank lines), single-sentence documents and a trailing document."""
-    lines = ["the dog sees a cat .", "it sleeps .", "", "", "", "a bird sings .", "",
-             "the big car stays here .", "", "the cat finds it today .", "the tree waits .", "it laughs ."]
+    lines = [
+        "the dog sees a cat .",
+        "it sleeps .",
+        "",
+        "",
+        "",
+        "a bird sings .",
+        "",
+        "the big car stays here .",
+        "",
+        "the cat finds it today .",
+        "the tree waits .",
+        "it laughs .",
+    ]
     src = tmp_path / "in.src"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "out.txt"
-    proc = run_cli(*TRANSLATE, "-model", str(trained_run / "checkpoints" / "last.pt"), "-src", str(src),
-                   "-output", str(out), "-beam", "2")
+    proc = run_cli(
+        *TRANSLATE,
+        "-model",
+        str(trained_run / "checkpoints" / "last.pt"),
+        "-src",
+        str(src),
+        "-output",
+        str(out),
+        "-beam",
+        "2",
+    )
     assert proc.returncode == 0, proc.stderr
     hyp = out.read_text(encoding="utf-8").split("\n")[:-1]
     assert len(hyp) == len(lines)
     assert all(h == "" for h, line in zip(hyp, lines) if line == "")
-    assert all(h != "" for h, line in zip(hyp, lines) if line != "")   # a sentence never gives a blank line
+    assert all(h != "" for h, line in zip(hyp, lines) if line != "")  # a sentence never gives a blank line
 
 
 def test_translate_from_stdin_and_score(trained_run, toy_dir, tmp_path):
@@ -94,8 +124,13 @@ def test_translate_from_stdin_and_score(trained_run, toy_dir, tmp_path):
     (tmp_path / "t").write_text("\n".join(tgt_lines) + "\n")
     ckpt = str(trained_run / "checkpoints" / "last.pt")
     import subprocess
-    proc = subprocess.run([*TRANSLATE, "-model", ckpt, "-src", "-", "-tgt", str(tmp_path / "t")],
-                          input="\n".join(src_lines) + "\n", capture_output=True, text=True)
+
+    proc = subprocess.run(
+        [*TRANSLATE, "-model", ckpt, "-src", "-", "-tgt", str(tmp_path / "t")],
+        input="\n".join(src_lines) + "\n",
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     assert len(proc.stdout.split("\n")[:-1]) == len(src_lines)
     assert "BLEU" in proc.stderr and "chrF" in proc.stderr
@@ -137,11 +172,11 @@ def test_bfloat16_translation_keeps_alignment_and_agrees_with_float32(trained_ru
         scores[dtype] = [float(v) for v in proc.stdout.split("\n") if v]
     lines = src.read_text(encoding="utf-8").split("\n")
     assert len(outs["bfloat16"]) == len(lines)
-    assert all(o == "" for o, line in zip(outs["bfloat16"], lines) if line == "")   # document breaks kept
+    assert all(o == "" for o, line in zip(outs["bfloat16"], lines) if line == "")  # document breaks kept
     n = sum(1 for line in lines if line)
     assert len(scores["float32"]) == len(scores["bfloat16"]) == n
     rel = [abs(a - b) / abs(a) for a, b in zip(scores["float32"], scores["bfloat16"])]
     assert max(rel) < 0.01, max(rel)
-    assert max(rel) > 0.0            # the model really ran in bfloat16
+    assert max(rel) > 0.0  # the model really ran in bfloat16
     same = sum(a == b for a, b, line in zip(outs["float32"], outs["bfloat16"], lines) if line)
     assert same >= 0.85 * n, (same, n)

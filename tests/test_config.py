@@ -1,4 +1,5 @@
 """Strict configs, registries and overrides."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -72,8 +73,16 @@ def test_float_accepts_yaml11_exponent_strings(tmp_path):
 
 def test_overrides_reach_nested_keys_and_list_items(tmp_path):
     path = write(tmp_path, {"loss": [{"type": "label_smoothed_ce"}, {"type": "label_smoothed_ce", "smoothing": 0.0}]})
-    cfg = load_config(path, ["loss.1.weight=0.5", "model.encoder.layers=3", "data.train.src=a.txt",
-                             "optim.betas=[0.9,0.99]", "model.decoder.type=transformer"])
+    cfg = load_config(
+        path,
+        [
+            "loss.1.weight=0.5",
+            "model.encoder.layers=3",
+            "data.train.src=a.txt",
+            "optim.betas=[0.9,0.99]",
+            "model.decoder.type=transformer",
+        ],
+    )
     assert cfg.loss[1].weight == 0.5 and cfg.loss[0].weight == 1.0
     assert cfg.model.encoder.layers == 3 and cfg.data.train.src == "a.txt"
     assert cfg.optim.betas == [0.9, 0.99]
@@ -119,8 +128,12 @@ def test_registry_rejects_duplicates_and_lists_names():
 
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "config.md"
-PART_KINDS = {("model", "encoders"): "encoder", ("model", "decoders"): "decoder", ("loss", "losses"): "loss",
-              ("optim", "schedules"): "schedule"}
+PART_KINDS = {
+    ("model", "encoders"): "encoder",
+    ("model", "decoders"): "decoder",
+    ("loss", "losses"): "loss",
+    ("optim", "schedules"): "schedule",
+}
 
 
 def config_md_tables() -> dict[tuple, set[str]]:
@@ -179,7 +192,7 @@ def test_every_config_key_is_in_its_sections_table():
                 continue
             expected.add(f.name)
             value = getattr(cls(), f.name) if f.name != "schedule" else None
-            if dataclasses.is_dataclass(value):            # data.train / data.valid: {src, tgt}
+            if dataclasses.is_dataclass(value):  # data.train / data.valid: {src, tgt}
                 expected |= field_names(type(value))
         fields = field_names(cls) | extra_allowed
         missing.extend(f"{where}.{k}" for k in sorted(expected - documented))
@@ -187,13 +200,14 @@ def test_every_config_key_is_in_its_sections_table():
 
     cfg = Config()
     for section in dataclasses.fields(Config):
-        if section.name == "loss":   # the base of every loss: LossConfig's keys
+        if section.name == "loss":  # the base of every loss: LossConfig's keys
             check("loss", LossConfig, ("loss", None, None), {"type"})
             continue
         obj = getattr(cfg, section.name)
         train_keys = field_names(type(obj.train)) if section.name == "data" else set()
-        check(section.name, type(obj), (section.name, None, None),
-              {"encoder", "decoder", "schedule", "type"} | train_keys)
+        check(
+            section.name, type(obj), (section.name, None, None), {"encoder", "decoder", "schedule", "type"} | train_keys
+        )
     for (section, heading), kind in PART_KINDS.items():
         registered = registry_for(kind).names()
         documented = {name for (s, k, name) in tables if s == section and k == kind}
@@ -209,7 +223,7 @@ def test_every_registered_optimizer_is_named_in_the_optim_section():
     from onmt_doc.registry import registry_for
 
     text = DOCS.read_text(encoding="utf-8")
-    optim = text[text.index("## `optim`"):text.index("### Schedules")]
+    optim = text[text.index("## `optim`") : text.index("### Schedules")]
     absent = [n for n in registry_for("optimizer").names() if f"`{n}`" not in optim]
     assert not absent, f"optimizers not listed under optim in docs/config.md: {absent}"
 
@@ -236,10 +250,12 @@ def test_every_config_example_loads():
 
 
 def test_values_that_would_divide_by_zero_are_rejected(tmp_path):
-    for override, needle in (("log.every=0", "log.every: must be at least 1"),
-                             ("train.accum=0", "train.accum: must be at least 1"),
-                             ("model.d_model=30", "not divisible by 8 heads"),
-                             ("train.early_stopping_metric=bleu", None)):
+    for override, needle in (
+        ("log.every=0", "log.every: must be at least 1"),
+        ("train.accum=0", "train.accum: must be at least 1"),
+        ("model.d_model=30", "not divisible by 8 heads"),
+        ("train.early_stopping_metric=bleu", None),
+    ):
         extra = ["train.valid_bleu=false"] if override.endswith("bleu") else []
         with pytest.raises(ConfigError, match=needle or "needs train.valid_bleu"):
             load_config(None, [override, *extra])

@@ -1,5 +1,6 @@
 """Regularized context gates: PMI counts and z* by hand, the gated decoder, the hinge loss,
 training with it, the error analysis and the tools' error contract."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -38,8 +39,10 @@ ENCODER = {"type": "transformer", "layers": 1, "heads": 4, "ff": 64}
 
 
 def gated(norm: str = "paper", gate: str = "vector") -> dict:
-    return {"encoder": ENCODER, "decoder": {"type": "gated_transformer", "layers": 2, "heads": 4, "ff": 64,
-                                            "norm": norm, "gate": gate}}
+    return {
+        "encoder": ENCODER,
+        "decoder": {"type": "gated_transformer", "layers": 2, "heads": 4, "ff": 64, "norm": norm, "gate": gate},
+    }
 
 
 def ids(*values: int) -> np.ndarray:
@@ -65,13 +68,23 @@ def hand_table(normaliser: str = "shared") -> PMITable:
 def test_pmi_equals_hand_counts(normaliser, z_bi, z_mono):
     table = hand_table(normaliser)
     # eq. 6: log Z + log C(y, x) - log C(y) - log C(x)
-    expected_bi = {(1, 0): math.log(z_bi * 1 / (1 * 5)), (2, 0): math.log(z_bi * 1 / (1 * 5)),
-                   (3, 0): math.log(z_bi * 1 / (2 * 5)), (4, 0): math.log(z_bi * 1 / (1 * 5)),
-                   (3, 1): math.log(z_bi * 1 / (2 * 1)), (2, 1): -math.inf, (1, 1): -math.inf}
+    expected_bi = {
+        (1, 0): math.log(z_bi * 1 / (1 * 5)),
+        (2, 0): math.log(z_bi * 1 / (1 * 5)),
+        (3, 0): math.log(z_bi * 1 / (2 * 5)),
+        (4, 0): math.log(z_bi * 1 / (1 * 5)),
+        (3, 1): math.log(z_bi * 1 / (2 * 1)),
+        (2, 1): -math.inf,
+        (1, 1): -math.inf,
+    }
     y, x = zip(*expected_bi)
     assert np.allclose(table.bilingual(np.array(y), np.array(x)), list(expected_bi.values()))
-    expected_mono = {(2, 1): math.log(z_mono * 1 / (1 * 1)), (4, 3): math.log(z_mono * 1 / (1 * 2)),
-                     (1, 2): -math.inf, (3, 3): -math.inf}          # order matters: 1 never follows 2
+    expected_mono = {
+        (2, 1): math.log(z_mono * 1 / (1 * 1)),
+        (4, 3): math.log(z_mono * 1 / (1 * 2)),
+        (1, 2): -math.inf,
+        (3, 3): -math.inf,
+    }  # order matters: 1 never follows 2
     y, prev = zip(*expected_mono)
     assert np.allclose(table.monolingual(np.array(y), np.array(prev)), list(expected_mono.values()))
     assert table.src_counts.tolist() == [5, 1] and table.tgt_counts.tolist() == [0, 1, 1, 2, 1]
@@ -117,7 +130,7 @@ SPLIT = [(ids(0, 0, 1, 1, 2, 2, 3, 3), ids(5, 6)), (ids(0), ids(6))]
 
 
 def test_one_normaliser_cancels_and_per_scenario_favours_the_source():
-    shared = count_table(iter(SPLIT), src_size=4, tgt_size=7)            # the default
+    shared = count_table(iter(SPLIT), src_size=4, tgt_size=7)  # the default
     per_scenario = count_table(iter(SPLIT), src_size=4, tgt_size=7, normaliser="per_scenario")
     src, tgt = [s for s, _ in SPLIT], [t for _, t in SPLIT]
     assert shared.normaliser == "shared"
@@ -142,7 +155,7 @@ def test_z_star_cache_records_its_normaliser(tmp_path):
     assert attached("shared") == [[0, 1, 0, 0], [0, 1, 0]]
     assert attached("per_scenario") == [[0, 1, 1, 0], [0, 1, 0]]
     assert len(list(tmp_path.glob("zstar-*.npz"))) == 2
-    for path in tmp_path.glob("zstar-*.npz"):        # an old-style file: no normaliser, wrong labels
+    for path in tmp_path.glob("zstar-*.npz"):  # an old-style file: no normaliser, wrong labels
         with np.load(path) as f:
             lengths = f["lengths"]
         np.savez(path, z=np.ones(int(lengths.sum()), np.int8), lengths=lengths)
@@ -154,7 +167,7 @@ def test_table_round_trip_and_vocabulary_check(toy_dir, tmp_path):
     cfg = config_from_dict(tiny_config(toy_dir, tmp_path / "run"))
     codec = build_codec(cfg, str(tmp_path / "run"))
     table = build_table(str(toy_dir / "train.src"), str(toy_dir / "train.tgt"), codec)
-    table.save(str(tmp_path / "table"))                      # exactly this name, no suffix added
+    table.save(str(tmp_path / "table"))  # exactly this name, no suffix added
     loaded = PMITable.load(str(tmp_path / "table"), codec)
     assert loaded.n_pairs == table.n_pairs > 1000 and loaded.digest() == table.digest()
     rng = np.random.default_rng(1)
@@ -171,6 +184,7 @@ def test_table_round_trip_and_vocabulary_check(toy_dir, tmp_path):
 
 
 # ----------------------------------------------------------------------------- the decoder
+
 
 @pytest.mark.parametrize("norm", ["paper", "pre", "post"])
 def test_gated_stepwise_equals_teacher_forced(norm):
@@ -205,13 +219,15 @@ def test_gated_layer_follows_eqs_2_to_4():
         c = model.decoder.embeddings(batch.tgt_in)
         kv = layer.cross_attn.memory_kv(enc.memory)
         out, z = layer(c, kv, enc.attention_mask())
+
         def ln(module, v):
             return F.layer_norm(v, v.shape[-1:], module.norm.weight, module.norm.bias)
-        t = c + ln(layer.self_res, layer.self_attn(c, is_causal=True))                 # t = rn∘ln∘att
-        s = ln(layer.cross_res, layer.cross_attn.cross(t, kv, enc.attention_mask()))   # s = ln∘att
+
+        t = c + ln(layer.self_res, layer.self_attn(c, is_causal=True))  # t = rn∘ln∘att
+        s = ln(layer.cross_res, layer.cross_attn.cross(t, kv, enc.attention_mask()))  # s = ln∘att
         want_z = torch.sigmoid(torch.cat([t, s], -1) @ layer.cross_res.gate.weight.T + layer.cross_res.gate.bias)
         mixed = (1 - want_z) * t + want_z * s
-        want = mixed + ln(layer.ff_res, layer.ff(mixed))                                # c = rn∘ln∘ff
+        want = mixed + ln(layer.ff_res, layer.ff(mixed))  # c = rn∘ln∘ff
     assert torch.allclose(z, want_z, atol=1e-6) and torch.allclose(out, want, atol=1e-5)
     assert model(batch).aux["gates"].shape == (2, *batch.tgt_in.shape, 32)
 
@@ -222,13 +238,18 @@ def test_sum_instead_of_the_gate_is_the_transformer(norm):
     decoder with the same blocks (same weights, same outputs). The Transformer has no `paper`
     blocks of its own: there its residual blocks are swapped for x + LN(f(x))."""
     model, _ = random_model(gated(norm, gate="sum"))
-    plain, _ = random_model({"encoder": ENCODER, "decoder": {"type": "transformer", "layers": 2, "heads": 4,
-                                                             "ff": 64, "pre_norm": norm != "post"}}, seed=1)
+    plain, _ = random_model(
+        {
+            "encoder": ENCODER,
+            "decoder": {"type": "transformer", "layers": 2, "heads": 4, "ff": 64, "pre_norm": norm != "post"},
+        },
+        seed=1,
+    )
     if norm == "paper":
         for layer in plain.decoder.layers:
             for name in ("self_res", "cross_res", "ff_res"):
                 setattr(layer, name, OutputNormResidual(32, 0.0))
-    plain.load_state_dict(model.state_dict())          # strict: the same parameters, no gate
+    plain.load_state_dict(model.state_dict())  # strict: the same parameters, no gate
     batch = random_batch(SIZES)
     with torch.no_grad():
         got, want = full_log_probs(model, batch), full_log_probs(plain, batch)
@@ -238,7 +259,7 @@ def test_sum_instead_of_the_gate_is_the_transformer(norm):
 
 
 def test_hinge_loss_by_hand():
-    gates = torch.tensor([0.2, 0.7, 0.5, 0.9]).view(1, 1, 4, 1).repeat(2, 1, 1, 2)   # [L=2, B=1, T=4, D=2]
+    gates = torch.tensor([0.2, 0.7, 0.5, 0.9]).view(1, 1, 4, 1).repeat(2, 1, 1, 2)  # [L=2, B=1, T=4, D=2]
     gates[1, 0, 0] = torch.tensor([0.6, 0.1])
     z_star_ = torch.tensor([[1, 1, 0, 0]])
     mask = torch.tensor([[1, 1, 1, 0]])
@@ -262,12 +283,14 @@ def test_hinge_regularises_the_chosen_layers(tmp_path, layers, want):
     assert value.item() == pytest.approx(want) and stats["gate/hinge"] == pytest.approx(want)
     with pytest.raises(ConfigError, match="'layers' names layer 3"):
         PMIGateHinge(PMIGateHingeConfig(table=str(tmp_path / "hand.npz"), layers=[3]))(
-            SimpleNamespace(aux={"gates": gates}), batch)
+            SimpleNamespace(aux={"gates": gates}), batch
+        )
     with pytest.raises(ConfigError, match="'layers' names layer 0"):
         PMIGateHinge(PMIGateHingeConfig(table=str(tmp_path / "hand.npz"), layers=[0]))(
-            SimpleNamespace(aux={"gates": gates}), batch)
+            SimpleNamespace(aux={"gates": gates}), batch
+        )
 
-    def hinge_config(layers: list[int]) -> None:   # 2 decoder layers
+    def hinge_config(layers: list[int]) -> None:  # 2 decoder layers
         config_from_dict({"model": gated(), "loss": [{"type": "pmi_gate_hinge", "table": "t.npz", "layers": layers}]})
 
     with pytest.raises(ConfigError, match="names layer 3, model.decoder.layers is 2"):
@@ -279,8 +302,11 @@ def test_hinge_regularises_the_chosen_layers(tmp_path, layers, want):
 def test_z_star_rides_on_batches_aligned_with_tgt_out(tmp_path):
     table = hand_table()
     docs = [[(s, t) for s, t in HAND[:2]], [HAND[2]]]
-    examples = [Example(mark_sentence(s), mark_sentence(t), d, i, 1)
-                for d, doc in enumerate(docs) for i, (s, t) in enumerate(doc)]
+    examples = [
+        Example(mark_sentence(s), mark_sentence(t), d, i, 1)
+        for d, doc in enumerate(docs)
+        for i, (s, t) in enumerate(doc)
+    ]
     attach_z_star(examples, docs, table, str(tmp_path))
     batch = collate(examples)
     # tgt_out: <s> y1 y2 </s> <eos>; only the words are supervised (z* of the hand example)
@@ -290,7 +316,7 @@ def test_z_star_rides_on_batches_aligned_with_tgt_out(tmp_path):
     cached = list(tmp_path.glob("zstar-*.npz"))
     assert len(cached) == 1
     again = [Example(e.src, e.tgt, e.doc, e.first, 1) for e in examples]
-    attach_z_star(again, docs, table, str(tmp_path))                       # read from the cache
+    attach_z_star(again, docs, table, str(tmp_path))  # read from the cache
     assert all(np.array_equal(a.extra["z_star"], b.extra["z_star"]) for a, b in zip(examples, again))
 
 
@@ -317,6 +343,7 @@ def test_z_star_is_a_data_field_cached_with_the_binarized_data(toy_dir, tmp_path
 
 # ----------------------------------------------------------------------------- training
 
+
 def test_regularized_gated_model_learns_toy(toy_dir, tmp_path):
     """Bound: a 2+2-layer d=64 model with the hinge loss (λ = 1) after 250 steps: validation
     accuracy > 85%, ppl < 2 (an untrained one: ~0% and ~vocabulary size); the gate mean and
@@ -324,11 +351,17 @@ def test_regularized_gated_model_learns_toy(toy_dir, tmp_path):
     from test_training import tb_scalars
 
     run = tmp_path / "run"
-    cfg = tiny_config(toy_dir, run, train={"max_steps": 250, "valid_every": 250, "save_every": 250},
-                      log={"tensorboard": True, "every": 50})
+    cfg = tiny_config(
+        toy_dir,
+        run,
+        train={"max_steps": 250, "valid_every": 250, "save_every": 250},
+        log={"tensorboard": True, "every": 50},
+    )
     cfg["model"]["decoder"] = {"type": "gated_transformer", "layers": 2, "heads": 4, "ff": 128}
-    cfg["loss"] = [{"type": "label_smoothed_ce", "smoothing": 0.1},
-                   {"type": "pmi_gate_hinge", "weight": 1.0, "table": str(tmp_path / "pmi.npz")}]
+    cfg["loss"] = [
+        {"type": "label_smoothed_ce", "smoothing": 0.1},
+        {"type": "pmi_gate_hinge", "weight": 1.0, "table": str(tmp_path / "pmi.npz")},
+    ]
     codec = build_codec(config_from_dict(cfg), str(run))
     build_table(str(toy_dir / "train.src"), str(toy_dir / "train.tgt"), codec).save(str(tmp_path / "pmi.npz"))
     metrics = train(config_from_dict(cfg))
@@ -375,17 +408,23 @@ def test_large_lambda_moves_gates_to_the_side_z_star_names(tmp_path):
     """Bound: with λ = 20, 100 steps take the gates of both z* classes from about half on the
     wrong side of 0.5 to under a quarter (measured: ~0.2%; λ = 0 leaves them near half)."""
     data = particle_corpus(tmp_path / "data")
-    cfg = tiny_config(data, tmp_path / "run", train={"max_steps": 100, "valid_every": 1000, "save_every": 1000},
-                      vocab={"subword": "none", "tokenizer": "space"})
+    cfg = tiny_config(
+        data,
+        tmp_path / "run",
+        train={"max_steps": 100, "valid_every": 1000, "save_every": 1000},
+        vocab={"subword": "none", "tokenizer": "space"},
+    )
     cfg["data"]["valid"] = {}
     cfg["model"]["decoder"] = {"type": "gated_transformer", "layers": 2, "heads": 4, "ff": 128}
-    cfg["loss"] = [{"type": "label_smoothed_ce"},
-                   {"type": "pmi_gate_hinge", "weight": 20.0, "table": str(tmp_path / "pmi.npz")}]
+    cfg["loss"] = [
+        {"type": "label_smoothed_ce"},
+        {"type": "pmi_gate_hinge", "weight": 20.0, "table": str(tmp_path / "pmi.npz")},
+    ]
     codec = build_codec(config_from_dict(cfg), str(tmp_path / "run"))
     build_table(str(data / "train.src"), str(data / "train.tgt"), codec).save(str(tmp_path / "pmi.npz"))
     trainer = Trainer(config_from_dict(cfg), distributed.init_distributed("cpu"))
     particles = [codec.tgt_vocab.stoi[f"p{w}"] for w in range(10)]
-    for ex in trainer.train_examples:                # the data pipeline attached eq. 7's labels
+    for ex in trainer.train_examples:  # the data pipeline attached eq. 7's labels
         words = ex.extra["z_star_mask"] == 1
         assert np.array_equal(ex.extra["z_star"][words], ~np.isin(ex.tgt[words], particles))
     batches = trainer.sampler.epoch_batches(0)[:10]
@@ -409,21 +448,23 @@ def test_gate_analysis_matches_forced_decoding(tmp_path):
     result = analyse_gates(model, codec, cfg, src, tgt, table, batch_tokens=64)
     s_ids = codec.encode(Path(src).read_text().splitlines(), "src")
     t_ids = codec.encode(Path(tgt).read_text().splitlines(), "tgt")
-    batch = collate([Example(mark_sentence(s), mark_sentence(t), i, 0, 1)
-                     for i, (s, t) in enumerate(zip(s_ids, t_ids))])
+    batch = collate(
+        [Example(mark_sentence(s), mark_sentence(t), i, 0, 1) for i, (s, t) in enumerate(zip(s_ids, t_ids))]
+    )
     with torch.no_grad():
         lp = full_log_probs(model, batch)
         gates = model(batch).aux["gates"]
     real = torch.zeros_like(batch.tgt_out, dtype=torch.bool)
     for row, t in enumerate(t_ids):
-        real[row, 1:1 + len(t)] = True
+        real[row, 1 : 1 + len(t)] = True
     pred = lp.argmax(-1)
     errors = (pred != batch.tgt_out) & real
     words = [slice(1, 1 + len(t)) for t in t_ids]
     z_ref = z_star(table, s_ids, t_ids)
     z_pred = z_star(table, s_ids, t_ids, queries=[pred[row, w].numpy() for row, w in enumerate(words)])
-    context_errors = sum(int((errors[row, w].numpy() & (z_pred[row] != z_ref[row])).sum())
-                         for row, w in enumerate(words))
+    context_errors = sum(
+        int((errors[row, w].numpy() & (z_pred[row] != z_ref[row])).sum()) for row, w in enumerate(words)
+    )
     assert result["tokens"] == int(real.sum())
     assert result["FER"] == pytest.approx(100.0 * float(errors.sum()) / float(real.sum()))
     assert result["CER"] == pytest.approx(100.0 * context_errors / float(real.sum()))
@@ -434,6 +475,7 @@ def test_gate_analysis_matches_forced_decoding(tmp_path):
 
 
 # ----------------------------------------------------------------------------- errors
+
 
 def tool(name: str):
     spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
@@ -463,18 +505,36 @@ def test_tools_report_mistakes_in_one_line(trained_run, toy_dir, tmp_path, capsy
     build, analysis = tool("build_pmi_table"), tool("gate_analysis")
     config = str(trained_run / "config.yaml")
     one_line_error(capsys, run_command(build._main, ["-config", config]), "-output")
-    one_line_error(capsys, run_command(build._main, ["-config", config, "-src", str(tmp_path / "none.en"),
-                                                     "-output", str(tmp_path / "t.npz")]), "none.en", "not found")
+    one_line_error(
+        capsys,
+        run_command(
+            build._main, ["-config", config, "-src", str(tmp_path / "none.en"), "-output", str(tmp_path / "t.npz")]
+        ),
+        "none.en",
+        "not found",
+    )
     ckpt = str(trained_run / "checkpoints" / "last.pt")
     test = ["-src", str(toy_dir / "test.src"), "-tgt", str(toy_dir / "test.tgt")]
-    one_line_error(capsys, run_command(analysis._main, ["-model", ckpt, *test, "-table", str(tmp_path / "no.npz")]),
-                   "no.npz", "not found")
+    one_line_error(
+        capsys,
+        run_command(analysis._main, ["-model", ckpt, *test, "-table", str(tmp_path / "no.npz")]),
+        "no.npz",
+        "not found",
+    )
     hand_table().save(str(tmp_path / "hand.npz"))
-    one_line_error(capsys, run_command(analysis._main, ["-model", ckpt, *test, "-table", str(tmp_path / "hand.npz")]),
-                   "hand.npz", "other vocabularies")
+    one_line_error(
+        capsys,
+        run_command(analysis._main, ["-model", ckpt, *test, "-table", str(tmp_path / "hand.npz")]),
+        "hand.npz",
+        "other vocabularies",
+    )
     (tmp_path / "junk.npz").write_bytes(b"not a table")
-    one_line_error(capsys, run_command(analysis._main, ["-model", ckpt, *test, "-table", str(tmp_path / "junk.npz")]),
-                   "junk.npz", "not a PMI table")
+    one_line_error(
+        capsys,
+        run_command(analysis._main, ["-model", ckpt, *test, "-table", str(tmp_path / "junk.npz")]),
+        "junk.npz",
+        "not a PMI table",
+    )
 
 
 @pytest.mark.parametrize("flag", [[], ["-normaliser", "per_scenario"]])
@@ -504,5 +564,6 @@ def test_training_with_a_missing_or_foreign_table_fails_in_one_line(toy_dir, tmp
     train = module_cmd("onmt_doc.bin.train")
     assert_one_line_error(run_cli(*train, "-config", str(path)), "pmi.npz", "not found")
     hand_table().save(str(tmp_path / "hand.npz"))
-    assert_one_line_error(run_cli(*train, "-config", str(path), f"loss.1.table={tmp_path}/hand.npz"),
-                          "hand.npz", "other vocabularies")
+    assert_one_line_error(
+        run_cli(*train, "-config", str(path), f"loss.1.table={tmp_path}/hand.npz"), "hand.npz", "other vocabularies"
+    )

@@ -1,4 +1,5 @@
 """Document files, instances, batches, cache."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -65,7 +66,7 @@ def test_document_instances_respect_budget_and_documents():
     docs = _docs([[3, 4, 5, 2, 9], [30], [1, 1]])
     inst = document_instances(docs, max_tokens=20)
     for ex in inst:
-        sents = docs[ex.doc][ex.first:ex.first + ex.n_sents]
+        sents = docs[ex.doc][ex.first : ex.first + ex.n_sents]
         assert len(ex.src) == sum(len(s) + 2 for s, _ in sents)
         assert ex.n_sents == 1 or (len(ex.src) + 1 <= 20 and len(ex.tgt) + 1 <= 20)
     # every sentence of every document appears exactly once, in order, never across documents
@@ -84,9 +85,16 @@ def test_sentence_instances_length_filter_counts_drops():
 
 
 def test_markup_and_group_tags():
-    ex = [Example(np.concatenate([mark_sentence([10, 11]), mark_sentence([12])]),
-                  np.concatenate([mark_sentence([13]), mark_sentence([14, 15])]), 0, 0, 2),
-          Example(mark_sentence([16]), mark_sentence([17]), 1, 0, 1)]
+    ex = [
+        Example(
+            np.concatenate([mark_sentence([10, 11]), mark_sentence([12])]),
+            np.concatenate([mark_sentence([13]), mark_sentence([14, 15])]),
+            0,
+            0,
+            2,
+        ),
+        Example(mark_sentence([16]), mark_sentence([17]), 1, 0, 1),
+    ]
     b = collate(ex)
     assert b.src[0].tolist() == [SOS_ID, 10, 11, EOS_SENT_ID, SOS_ID, 12, EOS_SENT_ID]
     assert b.src_groups[0].tolist() == [1, 1, 1, 1, 2, 2, 2]
@@ -101,8 +109,16 @@ def test_markup_and_group_tags():
 
 def _examples(n, seed=0):
     rng = np.random.default_rng(seed)
-    return [Example(mark_sentence(rng.integers(10, 20, rng.integers(1, 30))),
-                    mark_sentence(rng.integers(10, 20, rng.integers(1, 30))), i, 0, 1) for i in range(n)]
+    return [
+        Example(
+            mark_sentence(rng.integers(10, 20, rng.integers(1, 30))),
+            mark_sentence(rng.integers(10, 20, rng.integers(1, 30))),
+            i,
+            0,
+            1,
+        )
+        for i in range(n)
+    ]
 
 
 def test_every_example_used_once_per_epoch_within_budget():
@@ -143,18 +159,22 @@ def test_binarized_cache_is_reused_and_invalidated(tmp_path):
     docs1, cached1 = load_tokenized(src, tgt, codec, True, 0, cache)
     docs2, cached2 = load_tokenized(src, tgt, codec, True, 0, cache)
     assert not cached1 and cached2
+
     def flat(docs):
         return [[(s.tolist(), t.tolist()) for s, t in d] for d in docs]
+
     assert flat(docs1) == flat(docs2)
     assert [len(d) for d in docs1] == [2, 1]
-    write(tmp_path / "c.de", ["w2", "w3 w3", "", "w5"])       # changed file: new key, new ids
+    write(tmp_path / "c.de", ["w2", "w3 w3", "", "w5"])  # changed file: new key, new ids
     docs3, cached3 = load_tokenized(src, tgt, codec, True, 0, cache)
     assert not cached3 and flat(docs3) != flat(docs1)
 
 
 def test_per_token_extra_fields_are_padded_like_the_target():
-    ex = [Example(mark_sentence([10]), mark_sentence([11, 12]), 0, 0, 1, {"z_star": np.array([1, 0, 1, 1])}),
-          Example(mark_sentence([10]), mark_sentence([11]), 1, 0, 1, {"z_star": np.array([0, 1, 1])})]
+    ex = [
+        Example(mark_sentence([10]), mark_sentence([11, 12]), 0, 0, 1, {"z_star": np.array([1, 0, 1, 1])}),
+        Example(mark_sentence([10]), mark_sentence([11]), 1, 0, 1, {"z_star": np.array([0, 1, 1])}),
+    ]
     b = collate(ex)
     assert b.extra["z_star"].shape == b.tgt_out.shape
     assert b.extra["z_star"].tolist() == [[1, 0, 1, 1, 0], [0, 1, 1, 0, 0]]

@@ -1,4 +1,5 @@
 """Stepwise decoding equals the teacher-forced pass; beam search agrees with forced decoding."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,10 +12,14 @@ from onmt_doc.models.model import full_log_probs
 from onmt_doc.translate.length_penalty import GNMTPenalty
 from onmt_doc.translate.search import BeamSearch
 
-TRANSFORMER = {"encoder": {"type": "transformer", "layers": 2, "heads": 4, "ff": 64},
-               "decoder": {"type": "transformer", "layers": 2, "heads": 4, "ff": 64}}
-POST_NORM = {"encoder": {**TRANSFORMER["encoder"], "pre_norm": False},
-             "decoder": {**TRANSFORMER["decoder"], "pre_norm": False}}
+TRANSFORMER = {
+    "encoder": {"type": "transformer", "layers": 2, "heads": 4, "ff": 64},
+    "decoder": {"type": "transformer", "layers": 2, "heads": 4, "ff": 64},
+}
+POST_NORM = {
+    "encoder": {**TRANSFORMER["encoder"], "pre_norm": False},
+    "decoder": {**TRANSFORMER["decoder"], "pre_norm": False},
+}
 SIZES = [(5, 7), (9, 3), (2, 6), (7, 7)]
 
 
@@ -76,7 +81,7 @@ def test_beam_internal_reorder_keeps_source_fields():
         forced = full_log_probs(model, batch)
         state = model.init_state(model.encode(batch), batch).reorder(torch.arange(2).repeat_interleave(k))
         tgt = batch.tgt_in.repeat_interleave(k, 0)
-        within = torch.tensor([2, 0, 1, 4, 5, 3])            # beams move only inside their sentence
+        within = torch.tensor([2, 0, 1, 4, 5, 3])  # beams move only inside their sentence
         steps = []
         for t in range(tgt.size(1)):
             if t == 2:
@@ -106,10 +111,11 @@ def test_beam_scores_equal_forced_decoding():
                 tokens = torch.tensor([h.tokens + [EOS_ID]])
                 tgt_in = torch.cat([torch.tensor([[batch.tgt_in[0, 0]]]), tokens[:, :-1]], 1)
                 sub = random_batch([(1, 1)])
-                sub.src, sub.src_groups = batch.src[row:row + 1], batch.src_groups[row:row + 1]
+                sub.src, sub.src_groups = batch.src[row : row + 1], batch.src_groups[row : row + 1]
                 sub.tgt_in, sub.tgt_out = tgt_in, tokens
                 from onmt_doc.encoders.base import EncoderOut
-                one = EncoderOut(enc.memory[row:row + 1], enc.pad_mask[row:row + 1])
+
+                one = EncoderOut(enc.memory[row : row + 1], enc.pad_mask[row : row + 1])
                 lp = full_log_probs(model, sub, one)[0].gather(1, tokens[0, :, None]).sum()
                 assert abs(float(lp) - h.log_prob) < 1e-4
                 lp_len = float(GNMTPenalty(1.0)(torch.tensor(float(len(h.tokens) + 1))))
@@ -135,7 +141,7 @@ def test_greedy_equals_argmax_of_forced_pass():
             forced[max_len <= t] = EOS_ID
             # no empty sentence: no </s>/<eos> before a word, <s> only at the start, no pad/bos/mask
             lp[:, [PAD_ID, BOS_ID, MASK_ID, SOS_ID]] = float("-inf")
-            no_word = torch.tensor([len(g) <= 1 for g in greedy])          # only <s> so far
+            no_word = torch.tensor([len(g) <= 1 for g in greedy])  # only <s> so far
             lp[no_word, EOS_SENT_ID] = lp[no_word, EOS_ID] = float("-inf")
             tokens = torch.where(forced >= 0, forced, lp.argmax(-1))
             for i in range(len(SIZES)):
@@ -155,9 +161,13 @@ def test_finished_sentences_leave_the_batch_without_changing_results():
     with torch.no_grad():
         together = search.search(model, batch)
         for i in range(len(SIZES)):
-            alone = search.search(model, random_batch([SIZES[i]], seed=0).__class__(
-                src=batch.src[i:i + 1, : int(batch.src[i].ne(PAD_ID).sum())],
-                src_groups=batch.src_groups[i:i + 1, : int(batch.src[i].ne(PAD_ID).sum())]))
+            alone = search.search(
+                model,
+                random_batch([SIZES[i]], seed=0).__class__(
+                    src=batch.src[i : i + 1, : int(batch.src[i].ne(PAD_ID).sum())],
+                    src_groups=batch.src_groups[i : i + 1, : int(batch.src[i].ne(PAD_ID).sum())],
+                ),
+            )
             assert alone[0][0].tokens == together[i][0].tokens
             assert abs(alone[0][0].score - together[i][0].score) < 1e-4
 

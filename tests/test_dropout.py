@@ -1,4 +1,5 @@
 """The fast CPU dropout: rate, scaling, gradient, determinism, eval mode."""
+
 from __future__ import annotations
 
 import torch
@@ -10,7 +11,7 @@ def test_rate_and_scale_match_inverted_dropout():
     torch.manual_seed(0)
     y = Dropout(0.1).train()(torch.ones(2_000_000))
     kept = y != 0
-    assert abs(kept.float().mean().item() - 0.9) < 1e-3          # ~6 standard deviations
+    assert abs(kept.float().mean().item() - 0.9) < 1e-3  # ~6 standard deviations
     assert torch.allclose(y[kept], torch.full_like(y[kept], 1 / 0.9))
     assert abs(y.mean().item() - 1.0) < 2e-3
 

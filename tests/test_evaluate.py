@@ -1,4 +1,5 @@
 """onmt_doc_evaluate: contrastive suites, context ablation, metrics on translations."""
+
 from __future__ import annotations
 
 import json
@@ -18,9 +19,17 @@ from onmt_doc.translate.translator import Translator
 
 EVALUATE = module_cmd("onmt_doc.bin.evaluate")
 TRANSLATE = module_cmd("onmt_doc.bin.translate")
-G_TINY = {"encoder": {"type": "g_transformer", "layers": 2, "heads": 4, "ff": 128, "global_layers": 1},
-          "decoder": {"type": "g_transformer", "layers": 2, "heads": 4, "ff": 128, "global_layers": 1,
-                      "global_cross_layers": 1}}
+G_TINY = {
+    "encoder": {"type": "g_transformer", "layers": 2, "heads": 4, "ff": 128, "global_layers": 1},
+    "decoder": {
+        "type": "g_transformer",
+        "layers": 2,
+        "heads": 4,
+        "ff": 128,
+        "global_layers": 1,
+        "global_cross_layers": 1,
+    },
+}
 G_STEPS = 250
 
 
@@ -40,9 +49,13 @@ def g_run(toy_dir, tmp_path_factory) -> Path:
     from onmt_doc.train.trainer import train
 
     run = tmp_path_factory.mktemp("g_eval")
-    cfg = tiny_config(toy_dir, run, data={"max_tokens": 96}, model={"d_model": 64, **G_TINY},
-                      train={"max_steps": G_STEPS, "batch_tokens": 1536, "valid_every": G_STEPS,
-                             "save_every": G_STEPS})
+    cfg = tiny_config(
+        toy_dir,
+        run,
+        data={"max_tokens": 96},
+        model={"d_model": 64, **G_TINY},
+        train={"max_steps": G_STEPS, "batch_tokens": 1536, "valid_every": G_STEPS, "save_every": G_STEPS},
+    )
     cfg["optim"]["lr"] = 3.0e-3
     train(config_from_dict(cfg))
     return run
@@ -60,8 +73,9 @@ def test_toy_suite_reads_the_same_from_json_and_tsv(suite):
     items = list(read_suite(str(suite / "test.contrastive.json")))
     tsv = list(read_suite(str(suite / "test.contrastive.tsv")))
     assert len(items) > 80
-    assert [(i.src, i.correct, i.contrastive, i.ctx_src, i.ctx_tgt, i.categories) for i in items] == \
-           [(i.src, i.correct, i.contrastive, i.ctx_src, i.ctx_tgt, i.categories) for i in tsv]
+    assert [(i.src, i.correct, i.contrastive, i.ctx_src, i.ctx_tgt, i.categories) for i in items] == [
+        (i.src, i.correct, i.contrastive, i.ctx_src, i.ctx_tgt, i.categories) for i in tsv
+    ]
     for item in items:
         assert item.ctx_src and len(item.ctx_src) == len(item.ctx_tgt)
         assert item.categories["ante distance"] == "1" and len(item.contrastive) == 2
@@ -85,7 +99,7 @@ def _bad_suites(tmp: Path) -> dict[str, tuple[object, str]]:
     """name -> (file content, what the error must say besides the file name)."""
     good = {"source": "it sleeps .", "reference": "er schlaeft .", "contrastive": ["es schlaeft ."]}
     return {
-        "syntax.json": ("[\n" + json.dumps(good) + ",\n{\"source\": \"x\",,}\n]", ":3:"),
+        "syntax.json": ("[\n" + json.dumps(good) + ',\n{"source": "x",,}\n]', ":3:"),
         "missing.json": (json.dumps([good, {"reference": "r", "contrastive": ["c"]}]), "item 2"),
         "no_contrastive.json": (json.dumps([good, good, {**good, "contrastive": []}]), "item 3"),
         "unclosed.json": ("[" + json.dumps(good), "not closed"),
@@ -108,8 +122,19 @@ def test_malformed_suites_are_one_line_errors_naming_file_and_item(trained_run, 
     (tmp_path / "ok.json").write_text(json.dumps([{"source": "a .", "reference": "b .", "contrastive": ["c ."]}] * 3))
     (tmp_path / "c.src").write_text("x .\ny .\n", encoding="utf-8")
     (tmp_path / "c.tgt").write_text("x .\ny .\n", encoding="utf-8")
-    proc = run_cli(*EVALUATE, "-model", ckpt, "-suite", str(tmp_path / "ok.json"), "-context_src",
-                   str(tmp_path / "c.src"), "-context_tgt", str(tmp_path / "c.tgt"), "-threads", "1")
+    proc = run_cli(
+        *EVALUATE,
+        "-model",
+        ckpt,
+        "-suite",
+        str(tmp_path / "ok.json"),
+        "-context_src",
+        str(tmp_path / "c.src"),
+        "-context_tgt",
+        str(tmp_path / "c.tgt"),
+        "-threads",
+        "1",
+    )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "before item 3" in proc.stderr, proc.stderr
 
@@ -140,8 +165,18 @@ def test_scores_are_the_scores_of_translate_score(g_run, suite, tmp_path):
     exact = [float(d[-1]) for d in _translator(g_run).score_items(iter_parallel(str(src), str(tgt)), exact=True) if d]
     assert len(exact) == len(ours) == 36
     assert max(abs(a - b) for a, b in zip(ours, exact)) <= 1e-5
-    proc = run_cli(*TRANSLATE, "-model", str(g_run / "checkpoints" / "last.pt"), "-src", str(src), "-tgt", str(tgt),
-                   "-score", "-threads", "1")
+    proc = run_cli(
+        *TRANSLATE,
+        "-model",
+        str(g_run / "checkpoints" / "last.pt"),
+        "-src",
+        str(src),
+        "-tgt",
+        str(tgt),
+        "-score",
+        "-threads",
+        "1",
+    )
     assert proc.returncode == 0, proc.stderr
     docs = proc.stdout.rstrip("\n").split("\n\n")
     printed = [float(d.split("\n")[-1]) for d in docs]
@@ -158,12 +193,12 @@ def test_document_models_get_the_most_recent_context_that_fits_one_instance(g_ru
     for item in list(read_suite(str(suite / "test.contrastive.json")))[:40]:
         context = window(item)
         pairs = list(zip(item.ctx_src, item.ctx_tgt))
-        assert context == pairs[len(pairs) - len(context):]
+        assert context == pairs[len(pairs) - len(context) :]
         cut += len(context) < len(pairs)
         docs, _ = tr._encode([[*context, (item.src, c)] for c in item.candidates()], with_target=True)
         assert len(tr._instances(docs)) == len(item.candidates())
-        if len(context) < len(pairs):      # one more sentence would not have fitted (some candidate)
-            more = pairs[len(pairs) - len(context) - 1:]
+        if len(context) < len(pairs):  # one more sentence would not have fitted (some candidate)
+            more = pairs[len(pairs) - len(context) - 1 :]
             longer, _ = tr._encode([[*more, (item.src, c)] for c in item.candidates()], with_target=True)
             assert len(tr._instances(longer)) > len(item.candidates())
     assert cut > 5
@@ -175,8 +210,10 @@ def test_a_sentence_model_scores_the_same_without_context(trained_run, suite):
     their context through the translator, where the context sentences share its batches."""
     items = list(read_suite(str(suite / "test.contrastive.json")))[:30]
     tr = _translator(trained_run)
-    runs = {mode: [s for _, sc in score_suite(tr, ablate(items, mode)) for s in sc]
-            for mode in ("none", "remove", "shuffle")}
+    runs = {
+        mode: [s for _, sc in score_suite(tr, ablate(items, mode)) for s in sc]
+        for mode in ("none", "remove", "shuffle")
+    }
     assert runs["none"] == runs["remove"] == runs["shuffle"]
     docs = [[*zip(i.ctx_src, i.ctx_tgt), (i.src, c)] for i in items for c in i.candidates()]
     with_context = [float(d[-1]) for d in tr.score_items(docs, exact=True)]
@@ -194,9 +231,25 @@ def test_g_transformer_beats_a_sentence_model_on_the_toy_suite(g_run, trained_ru
     res = {}
     for name, run in (("g", g_run), ("sentence", trained_run)):
         out = tmp_path / f"{name}.json"
-        assert evaluate_main(["-model", str(run / "checkpoints" / "last.pt"), "-suite",
-                              str(suite / "test.contrastive.json"), "-ablation", "none", "remove", "shuffle",
-                              "-json", str(out), "-threads", "1"]) == 0
+        assert (
+            evaluate_main(
+                [
+                    "-model",
+                    str(run / "checkpoints" / "last.pt"),
+                    "-suite",
+                    str(suite / "test.contrastive.json"),
+                    "-ablation",
+                    "none",
+                    "remove",
+                    "shuffle",
+                    "-json",
+                    str(out),
+                    "-threads",
+                    "1",
+                ]
+            )
+            == 0
+        )
         res[name] = json.loads(out.read_text(encoding="utf-8"))["contrastive"]
     g, s = res["g"], res["sentence"]
     assert g["none"]["total"] == s["none"]["total"] > 80
@@ -218,12 +271,17 @@ def test_pronoun_accuracy_and_lexical_consistency_by_hand():
     hyp = [["der hund schlaeft .", "ein koeter sieht die katze .", "die katze wartet ."], ["der hund ."]]
     # doc 1: dog -> hund, koeter (inconsistent); cat -> katze twice (consistent); doc 2: nothing repeated
     assert lexical_consistency(src, hyp, lexicon) == {"consistency": 50.0, "consistent": 1, "repeated_terms": 2}
-    lex = induce_lexicon(["the dog sleeps .", "a dog runs .", "the cat ."] * 10,
-                         ["der hund schlaeft .", "ein hund rennt .", "die katze ."] * 10, max_sentence_share=0.7)
+    lex = induce_lexicon(
+        ["the dog sleeps .", "a dog runs .", "the cat ."] * 10,
+        ["der hund schlaeft .", "ein hund rennt .", "die katze ."] * 10,
+        max_sentence_share=0.7,
+    )
     assert lex["dog"][0] == "hund"
     # "the" is in half of the sentences: a function word, left out; the rare "dog" stays
-    lex = induce_lexicon(["the dog ."] * 5 + ["the cat ."] * 45 + ["a bird ."] * 50,
-                         ["der hund ."] * 5 + ["die katze ."] * 45 + ["ein vogel ."] * 50)
+    lex = induce_lexicon(
+        ["the dog ."] * 5 + ["the cat ."] * 45 + ["a bird ."] * 50,
+        ["der hund ."] * 5 + ["die katze ."] * 45 + ["ein vogel ."] * 50,
+    )
     assert "the" not in lex and "hund" in lex["dog"]
 
 
@@ -233,9 +291,25 @@ def test_evaluate_cli_reports_translation_metrics_and_tensorboard(trained_run, t
     contrastive table; JSON and TensorBoard both written."""
     ref = str(toy_dir / "test.tgt")
     out, tb = tmp_path / "r.json", tmp_path / "tb"
-    proc = run_cli(*EVALUATE, "-hyp", ref, "-ref", ref, "-src", str(toy_dir / "test.src"), "-model",
-                   str(trained_run / "checkpoints" / "last.pt"), "-suite", str(suite / "test.contrastive.tsv"),
-                   "-json", str(out), "-tensorboard", str(tb), "-threads", "1")
+    proc = run_cli(
+        *EVALUATE,
+        "-hyp",
+        ref,
+        "-ref",
+        ref,
+        "-src",
+        str(toy_dir / "test.src"),
+        "-model",
+        str(trained_run / "checkpoints" / "last.pt"),
+        "-suite",
+        str(suite / "test.contrastive.tsv"),
+        "-json",
+        str(out),
+        "-tensorboard",
+        str(tb),
+        "-threads",
+        "1",
+    )
     assert proc.returncode == 0, proc.stderr
     res = json.loads(out.read_text(encoding="utf-8"))
     t = res["translation"]
@@ -244,6 +318,7 @@ def test_evaluate_cli_reports_translation_metrics_and_tensorboard(trained_run, t
     assert t["consistency"] == t["consistency_reference"] and t["consistency"]["repeated_terms"] > 0
     assert "ctx=none" in proc.stdout and "ref pronoun" in proc.stdout
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     acc = EventAccumulator(str(tb))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])

@@ -1,5 +1,6 @@
 """G-Transformer: packed group attention against a dense masked reference, stepwise decoding,
 document beam search structure, word dropout, fine-tuning from a sentence model, learning."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,11 +24,21 @@ from onmt_doc.train.trainer import train
 from onmt_doc.translate.search import BeamSearch
 from onmt_doc.translate.translator import Translator
 
-G = {"encoder": {"type": "g_transformer", "layers": 3, "heads": 4, "ff": 64, "global_layers": 1},
-     "decoder": {"type": "g_transformer", "layers": 3, "heads": 4, "ff": 64, "global_layers": 2,
-                 "global_cross_layers": 1}}
-DOC_TRANSFORMER = {"encoder": {**G["encoder"], "group_attention": False},
-                   "decoder": {**G["decoder"], "group_attention": False}}
+G = {
+    "encoder": {"type": "g_transformer", "layers": 3, "heads": 4, "ff": 64, "global_layers": 1},
+    "decoder": {
+        "type": "g_transformer",
+        "layers": 3,
+        "heads": 4,
+        "ff": 64,
+        "global_layers": 2,
+        "global_cross_layers": 1,
+    },
+}
+DOC_TRANSFORMER = {
+    "encoder": {**G["encoder"], "group_attention": False},
+    "decoder": {**G["decoder"], "group_attention": False},
+}
 # (src words, tgt words) per sentence, per document instance: uneven lengths and counts → padding
 DOCS = [[(3, 4), (5, 2), (1, 6)], [(7, 3)], [(2, 2), (4, 4)], [(1, 1), (6, 2), (2, 5), (3, 3)]]
 
@@ -52,7 +63,7 @@ def dense_reference(q, k, v, q_tags, q_keep, k_tags, k_keep, causal):
         allowed = allowed & torch.ones(q.size(2), k.size(2), dtype=torch.bool).tril()
     scores = (q @ k.transpose(-1, -2)) / q.size(-1) ** 0.5
     scores = scores.masked_fill(~allowed[:, None], float("-inf"))
-    probs = scores.softmax(-1).nan_to_num(0.0)          # queries without keys: zero output
+    probs = scores.softmax(-1).nan_to_num(0.0)  # queries without keys: zero output
     return probs @ v
 
 
@@ -64,8 +75,8 @@ def random_tags(rng, lengths_per_row, n, with_bos):
         pos = 1 if with_bos else 0
         keep[r, :pos] = True
         for k, length in enumerate(lengths, start=1):
-            tags[r, pos:pos + length] = k
-            keep[r, pos:pos + length] = True
+            tags[r, pos : pos + length] = k
+            keep[r, pos : pos + length] = True
             pos += length
     return tags, keep
 
@@ -101,10 +112,12 @@ def test_packed_cross_attention_equals_dense_reference():
     dense = dense_reference(q, k, v, tgt_tags, tgt_keep, src_tags, src_keep, causal=False)
     sel = tgt_keep[:, None, :, None].expand_as(packed)
     assert torch.allclose(packed[sel], dense[sel], atol=1e-5)
-    assert packed[2, :, 7:].abs().sum() == 0      # row 2's third target sentence has no source
+    assert packed[2, :, 7:].abs().sum() == 0  # row 2's third target sentence has no source
     w = torch.randn_like(packed)
-    for gp, gd in zip(torch.autograd.grad((packed * w * sel).sum(), (q, k, v)),
-                      torch.autograd.grad((dense * w * sel).sum(), (q, k, v))):
+    for gp, gd in zip(
+        torch.autograd.grad((packed * w * sel).sum(), (q, k, v)),
+        torch.autograd.grad((dense * w * sel).sum(), (q, k, v)),
+    ):
         assert torch.allclose(gp, gd, atol=1e-5)
 
 
@@ -154,11 +167,13 @@ def test_stepwise_equals_teacher_forced_after_reorder_with_tags():
 def test_group_attention_isolates_sentences_in_the_lower_layers():
     """With no global layer, changing source sentence 2 leaves target sentence 1 unchanged, and
     changing it with global layers on changes it (the global attention really is global)."""
-    local_only = {"encoder": {**G["encoder"], "global_layers": 0},
-                  "decoder": {**G["decoder"], "global_layers": 0, "global_cross_layers": 0}}
+    local_only = {
+        "encoder": {**G["encoder"], "global_layers": 0},
+        "decoder": {**G["decoder"], "global_layers": 0, "global_cross_layers": 0},
+    }
     batch = doc_batch([[(4, 4), (5, 5)]])
     other = doc_batch([[(4, 4), (5, 5)]])
-    other.src[0, 6:11] = batch.src[0, 6:11].flip(0)   # reorder the words of source sentence 2
+    other.src[0, 6:11] = batch.src[0, 6:11].flip(0)  # reorder the words of source sentence 2
     first = batch.tgt_groups[0].eq(1)
     for section, changes in ((local_only, False), (G, True)):
         model, _ = random_model(section, seed=4)
@@ -173,13 +188,13 @@ def test_document_beam_search_keeps_the_source_sentence_count_untrained():
     every instance, including documents cut into several instances by data.max_tokens."""
     model, codec = random_model(G, seed=7)
     docs = [[f"w{i % 9} w{(i * 3) % 11} w5" for i in range(n)] for n in (1, 2, 5, 9)]
-    docs.append(["w1", "", "w2 w3"])                                  # an empty sentence inside
+    docs.append(["w1", "", "w2 w3"])  # an empty sentence inside
     cfg = config_from_dict({"data": {"max_tokens": 24}, "translate": {"beam": 3, "max_len_add": 2}})
     translator = Translator(model, codec, cfg)
     raw = []
     search = translator.search.search
 
-    def recording_search(model, batch):     # the real search; keeps what it returns
+    def recording_search(model, batch):  # the real search; keeps what it returns
         hyps = search(model, batch)
         raw.append((batch.src.clone(), hyps))
         return hyps
@@ -189,7 +204,7 @@ def test_document_beam_search_keeps_the_source_sentence_count_untrained():
     assert [len(d) for d in out] == [len(d) for d in docs]
     rows = [(src, hyps) for srcs, batch_hyps in raw for src, hyps in zip(srcs, batch_hyps)]
     assert sum(int(src.eq(SOS_ID).sum()) for src, _ in rows) == sum(len(d) for d in docs)
-    assert len(rows) > len(docs)                                      # max_tokens split documents
+    assert len(rows) > len(docs)  # max_tokens split documents
     for src, hyps in rows:
         n = int(src.eq(SOS_ID).sum())
         toks = hyps[0].tokens
@@ -243,7 +258,7 @@ def test_word_dropout_applies_to_inputs_in_training_only():
         model.train()
         noisy = model(batch)
     assert not torch.allclose(clean, noisy.logits)
-    assert torch.equal(noisy.target, batch.tgt_out[batch.tgt_out.ne(PAD_ID)])   # targets intact
+    assert torch.equal(noisy.target, batch.tgt_out[batch.tgt_out.ne(PAD_ID)])  # targets intact
 
 
 # ---------------------------------------------------------------- config
@@ -269,23 +284,37 @@ def test_group_tags_of_collation_and_of_the_torch_path_equal_hand_computed_tags(
     src_tags = hand_tags(DOCS, "src", batch.src.size(1))
     tgt_tags = hand_tags(DOCS, "tgt", batch.tgt_in.size(1))
     assert torch.equal(batch.src_groups, src_tags) and torch.equal(batch.tgt_groups, tgt_tags)
-    assert torch.equal(group_tags(batch.src.clone()), src_tags)        # what the decoders call
+    assert torch.equal(group_tags(batch.src.clone()), src_tags)  # what the decoders call
     assert torch.equal(group_tags(batch.tgt_in.clone()), tgt_tags)
-    with_eos = torch.cat([batch.tgt_out, torch.full((batch.size, 1), PAD_ID)], 1)   # <eos> gets 0
+    with_eos = torch.cat([batch.tgt_out, torch.full((batch.size, 1), PAD_ID)], 1)  # <eos> gets 0
     assert group_tags(with_eos)[with_eos.eq(EOS_ID)].eq(0).all()
 
 
 # ---------------------------------------------------------------- training
-G_TINY = {"encoder": {"type": "g_transformer", "layers": 2, "heads": 4, "ff": 128, "global_layers": 1},
-          "decoder": {"type": "g_transformer", "layers": 2, "heads": 4, "ff": 128, "global_layers": 1,
-                      "global_cross_layers": 1}}
+G_TINY = {
+    "encoder": {"type": "g_transformer", "layers": 2, "heads": 4, "ff": 128, "global_layers": 1},
+    "decoder": {
+        "type": "g_transformer",
+        "layers": 2,
+        "heads": 4,
+        "ff": 128,
+        "global_layers": 1,
+        "global_cross_layers": 1,
+    },
+}
 
 
 def test_finetuning_copies_shared_parameters_and_builds_two_lr_groups(trained_run, toy_dir, tmp_path):
     run = tmp_path / "ft"
     ckpt = init_from_run(trained_run, run)
-    trainer = make_trainer(tiny_config(toy_dir, run, model={"encoder": G_TINY["encoder"], "decoder": G_TINY["decoder"]},
-                                       train={"init_from": str(ckpt), "init_lr_scale": 0.2}))
+    trainer = make_trainer(
+        tiny_config(
+            toy_dir,
+            run,
+            model={"encoder": G_TINY["encoder"], "decoder": G_TINY["decoder"]},
+            train={"init_from": str(ckpt), "init_lr_scale": 0.2},
+        )
+    )
     sentence = torch.load(ckpt, weights_only=True)["model"]
     params = dict(trainer.model.named_parameters())
     shared = set(params) & set(sentence)
@@ -302,9 +331,14 @@ def test_finetuning_copies_shared_parameters_and_builds_two_lr_groups(trained_ru
 
 def test_finetuning_with_other_vocabularies_is_a_clear_error(trained_run, toy_dir, tmp_path):
     from onmt_doc.errors import UserError
-    cfg = tiny_config(toy_dir, tmp_path / "other", vocab={"size": 200},
-                      model={"encoder": G_TINY["encoder"], "decoder": G_TINY["decoder"]},
-                      train={"init_from": str(trained_run / "checkpoints" / "last.pt")})
+
+    cfg = tiny_config(
+        toy_dir,
+        tmp_path / "other",
+        vocab={"size": 200},
+        model={"encoder": G_TINY["encoder"], "decoder": G_TINY["decoder"]},
+        train={"init_from": str(trained_run / "checkpoints" / "last.pt")},
+    )
     with pytest.raises(UserError, match="other vocabularies"):
         make_trainer(cfg)
 
@@ -313,10 +347,15 @@ def test_small_g_transformer_learns_the_context_dependent_pronouns(toy_dir, tmp_
     """A sentence-level model cannot beat chance (~33%) on these pronouns by construction of the
     toy corpus (docs/benchmarks.md measures it); the G-Transformer must get most of them."""
     from onmt_doc.evaluation.toy_pronouns import score_context
-    cfg = tiny_config(toy_dir, tmp_path, data={"max_tokens": 96},
-                      model={"d_model": 64, "encoder": G_TINY["encoder"], "decoder": G_TINY["decoder"]},
-                      train={"max_steps": 500, "batch_tokens": 1536, "valid_every": 500, "save_every": 500},
-                      log={"tensorboard": True, "every": 100})
+
+    cfg = tiny_config(
+        toy_dir,
+        tmp_path,
+        data={"max_tokens": 96},
+        model={"d_model": 64, "encoder": G_TINY["encoder"], "decoder": G_TINY["decoder"]},
+        train={"max_steps": 500, "batch_tokens": 1536, "valid_every": 500, "save_every": 500},
+        log={"tensorboard": True, "every": 100},
+    )
     cfg["optim"]["lr"] = 3.0e-3
     train(config_from_dict(cfg))
     model, saved, codec = load_model(str(tmp_path / "checkpoints" / "last.pt"))
@@ -326,13 +365,21 @@ def test_small_g_transformer_learns_the_context_dependent_pronouns(toy_dir, tmp_
     acc = score_context(str(hyp), str(toy_dir / "test.ctx"))["accuracy"]
     assert acc > 0.75, acc
     tags = _tensorboard_tags(tmp_path / "tensorboard")
-    for name in ("entropy/enc_self_group", "entropy/enc_self_global", "entropy/dec_self_group",
-                 "entropy/dec_cross_group", "entropy/dec_cross_global", "gate/enc_self", "gate/dec_cross"):
+    for name in (
+        "entropy/enc_self_group",
+        "entropy/enc_self_global",
+        "entropy/dec_self_group",
+        "entropy/dec_cross_group",
+        "entropy/dec_cross_global",
+        "gate/enc_self",
+        "gate/dec_cross",
+    ):
         assert f"valid/{name}" in tags
 
 
 def _tensorboard_tags(folder) -> set:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     acc = EventAccumulator(str(folder))
     acc.Reload()
     return set(acc.Tags()["scalars"])

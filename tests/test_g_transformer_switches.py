@@ -4,6 +4,7 @@ attention alone on the top layers of table 6, the post-norm blocks of the releas
 perturbing inputs, or against an equivalent model), keeps stepwise decoding equal to the
 teacher-forced pass (the stepwise path masks densely, the forced path packs, so this also checks
 packed = dense under every switch) and keeps the document beam search's structure."""
+
 from __future__ import annotations
 
 import copy
@@ -34,8 +35,9 @@ SWITCHES = {
     "no_translation_locality": section(decoder={"group_cross_attention": False}),
     "top_global_only": section(encoder={"top_attention": "global"}, decoder={"top_attention": "global"}),
     "post_norm": section(encoder={"pre_norm": False}, decoder={"pre_norm": False}),
-    "doc_transformer_post_norm": section(encoder={"group_attention": False, "pre_norm": False},
-                                         decoder={"group_attention": False, "pre_norm": False}),
+    "doc_transformer_post_norm": section(
+        encoder={"group_attention": False, "pre_norm": False}, decoder={"group_attention": False, "pre_norm": False}
+    ),
 }
 
 
@@ -45,13 +47,16 @@ def perturbed_outputs(model, batch, other):
         return full_log_probs(model, batch)[0], full_log_probs(model, other)[0]
 
 
-@pytest.mark.parametrize("decoder, cross_sees_other_sentence, self_sees_other_sentence", [
-    ({}, False, False),
-    ({"group_cross_attention": False}, True, False),
-    ({"group_self_attention": False}, False, True),
-], ids=["both_localities", "no_translation_locality", "no_target_language_locality"])
-def test_locality_switches_open_exactly_their_attention(decoder, cross_sees_other_sentence,
-                                                        self_sees_other_sentence):
+@pytest.mark.parametrize(
+    "decoder, cross_sees_other_sentence, self_sees_other_sentence",
+    [
+        ({}, False, False),
+        ({"group_cross_attention": False}, True, False),
+        ({"group_self_attention": False}, False, True),
+    ],
+    ids=["both_localities", "no_translation_locality", "no_target_language_locality"],
+)
+def test_locality_switches_open_exactly_their_attention(decoder, cross_sees_other_sentence, self_sees_other_sentence):
     """Two sentences, no combined layer, group encoder, one decoder layer. Reordering the words of
     source sentence 2 reaches target sentence 1 only through a global cross-attention; changing the
     words of target sentence 1 reaches target sentence 2 only through a global self-attention.
@@ -59,13 +64,13 @@ def test_locality_switches_open_exactly_their_attention(decoder, cross_sees_othe
     to every target token through ``<bos>``, whose tag 0 leaves its cross-attention unrestricted.)"""
     model, _ = random_model(section(LOCAL, decoder={"layers": 1, **decoder}), seed=4)
     batch = doc_batch([[(4, 4), (5, 5)]])
-    src_words = slice(7, 12)                          # source sentence 2: <s> at 6, words 7–11
+    src_words = slice(7, 12)  # source sentence 2: <s> at 6, words 7–11
     assert batch.src_groups[0, src_words].eq(2).all()
     other_src = copy.copy(batch)
     other_src.src = batch.src.clone()
     other_src.src[0, src_words] = batch.src[0, src_words].flip(0)
     assert not torch.equal(other_src.src, batch.src)
-    tgt_words = slice(2, 6)                           # target sentence 1: <bos> <s> w w w w </s>
+    tgt_words = slice(2, 6)  # target sentence 1: <bos> <s> w w w w </s>
     assert batch.tgt_groups[0, tgt_words].eq(1).all()
     other_tgt = copy.copy(batch)
     other_tgt.tgt_in = batch.tgt_in.clone()
@@ -101,9 +106,12 @@ def test_top_attention_global_is_combined_attention_with_the_gate_shut_to_global
     assert not any(("gate" in n or "global_" in n) for n in names), sorted(names)
     state = combined.state_dict()
     moved = {name: value for name, value in state.items() if name in names}
-    for name, value in state.items():         # a combined layer's global attention → the plain slot
-        for combined_name, plain_name in ((".global_attn.", ".self_attn."), (".global_self_attn.", ".self_attn."),
-                                          (".global_cross_attn.", ".cross_attn.")):
+    for name, value in state.items():  # a combined layer's global attention → the plain slot
+        for combined_name, plain_name in (
+            (".global_attn.", ".self_attn."),
+            (".global_self_attn.", ".self_attn."),
+            (".global_cross_attn.", ".cross_attn."),
+        ):
             if combined_name in name:
                 moved[name.replace(combined_name, plain_name)] = value
     assert set(moved) == names
@@ -127,8 +135,7 @@ def test_only_group_attention_is_global_layers_zero():
     batch = doc_batch()
     mask = batch.tgt_out.ne(PAD_ID)
     with torch.no_grad():
-        assert torch.allclose(full_log_probs(combined, batch)[mask], full_log_probs(group_only, batch)[mask],
-                              atol=1e-5)
+        assert torch.allclose(full_log_probs(combined, batch)[mask], full_log_probs(group_only, batch)[mask], atol=1e-5)
 
 
 @pytest.mark.parametrize("pre_norm", [True, False])
@@ -139,8 +146,10 @@ def test_post_norm_normalises_every_block_output_and_drops_the_final_norm(pre_no
     keys = {"pre_norm": pre_norm}
     model, _ = random_model(section(encoder=keys, decoder=keys), seed=2)
     outputs = []
-    hooks = [layer.register_forward_hook(lambda m, i, o: outputs.append(o))
-             for layer in [*model.encoder.layers, *model.decoder.layers]]
+    hooks = [
+        layer.register_forward_hook(lambda m, i, o: outputs.append(o))
+        for layer in [*model.encoder.layers, *model.decoder.layers]
+    ]
     batch = doc_batch()
     with torch.no_grad():
         full_log_probs(model, batch)
@@ -148,8 +157,9 @@ def test_post_norm_normalises_every_block_output_and_drops_the_final_norm(pre_no
         h.remove()
     assert len(outputs) == 6
     for out in outputs:
-        normalised = (torch.allclose(out.mean(-1), torch.zeros(()), atol=1e-4)
-                      and torch.allclose(out.var(-1, unbiased=False), torch.ones(()), atol=1e-3))
+        normalised = torch.allclose(out.mean(-1), torch.zeros(()), atol=1e-4) and torch.allclose(
+            out.var(-1, unbiased=False), torch.ones(()), atol=1e-3
+        )
         assert normalised != pre_norm
     for part in (model.encoder, model.decoder):
         assert isinstance(part.final_norm, torch.nn.LayerNorm) == pre_norm

@@ -1,4 +1,5 @@
 """HM-GDC: hierarchical document encoder, DocEnc–Decoder attention, context-unit data and decoding."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,16 +29,25 @@ DEC = {"type": "doc_context", "layers": 2, "heads": 4, "ff": 64}
 BOTH = {"encoder": ENC, "decoder": DEC}
 DECODER_ONLY = {"encoder": {**ENC, "word_context": False}, "decoder": DEC}
 ENCODER_ONLY = {"encoder": ENC, "decoder": {"type": "transformer", "layers": 2, "heads": 4, "ff": 64}}
-POST_NORM = {"encoder": {**ENC, "pre_norm": False, "share_attention": False, "pooling": "max"},
-             "decoder": {**DEC, "pre_norm": False}}
+POST_NORM = {
+    "encoder": {**ENC, "pre_norm": False, "share_attention": False, "pooling": "max"},
+    "decoder": {**DEC, "pre_norm": False},
+}
 # the readings of eqs. 5-6 and 8-9 (the defaults: encoder own_sentence, decoder document)
 DOCUMENT = {"encoder": {**ENC, "context": "document"}, "decoder": DEC}
 DOCUMENT_DECODER_ONLY = {"encoder": {**ENC, "context": "document", "word_context": False}, "decoder": DEC}
 OWN_DECODER = {"encoder": ENC, "decoder": {**DEC, "context": "own_sentence"}}
 OWN_DECODER_ONLY = {"encoder": {**ENC, "word_context": False}, "decoder": {**DEC, "context": "own_sentence"}}
-VARIANTS = {"both": BOTH, "decoder_only": DECODER_ONLY, "encoder_only": ENCODER_ONLY, "post_norm": POST_NORM,
-            "document": DOCUMENT, "document_decoder_only": DOCUMENT_DECODER_ONLY, "own_decoder": OWN_DECODER,
-            "own_decoder_only": OWN_DECODER_ONLY}
+VARIANTS = {
+    "both": BOTH,
+    "decoder_only": DECODER_ONLY,
+    "encoder_only": ENCODER_ONLY,
+    "post_norm": POST_NORM,
+    "document": DOCUMENT,
+    "document_decoder_only": DOCUMENT_DECODER_ONLY,
+    "own_decoder": OWN_DECODER,
+    "own_decoder_only": OWN_DECODER_ONLY,
+}
 
 
 def random_docs(sizes, seed=0):
@@ -47,6 +57,7 @@ def random_docs(sizes, seed=0):
 
     def sent():
         return rng.integers(first, first + N_WORDS, int(rng.integers(1, 8)))
+
     return [[(sent(), sent()) for _ in range(n)] for n in sizes]
 
 
@@ -63,6 +74,7 @@ def sentence_log_probs(model, batch) -> list[torch.Tensor]:
 
 
 # ----------------------------------------------------------------------------- data
+
 
 def test_context_instances_are_windows_of_whole_sentences():
     docs = random_docs([5, 2, 1])
@@ -96,11 +108,12 @@ def test_context_batches_count_every_sentence_row_against_the_budget():
         assert batch.size * batch.src.size(1) <= budget or len(idx) == 1
         assert batch.size * batch.tgt_out.size(1) <= budget or len(idx) == 1
     # windows of one size are batched together (little padding in per-document attention)
-    sizes = [[examples[i].n_sents for i in idx] for idx in ordered_batches(examples, 10 ** 6)]
+    sizes = [[examples[i].n_sents for i in idx] for idx in ordered_batches(examples, 10**6)]
     assert sizes == [sorted(s) for s in sizes]
 
 
 # ----------------------------------------------------------------------------- packing
+
 
 def test_packing_round_trip_keeps_rows_in_their_document():
     row_doc = torch.tensor([1, 0, 1, 2, 0, 1])
@@ -127,13 +140,14 @@ def test_attend_documents_equals_a_loop_over_rows():
     out = attend_documents(attn, h, row_doc, document_memory(attn, memory, pad))
     for r in range(6):
         d = row_doc[r]
-        k, v = attn.memory_kv(memory[d:d + 1, ~pad[d]])
-        q = attn.project_q(h[r:r + 1])
+        k, v = attn.memory_kv(memory[d : d + 1, ~pad[d]])
+        q = attn.project_q(h[r : r + 1])
         ref = attn.merge(attention_probs(q, k) @ v)
         assert torch.allclose(out[r], ref[0], atol=1e-5)
 
 
 # ----------------------------------------------------------------------------- model
+
 
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_stepwise_equals_teacher_forced(name):
@@ -153,7 +167,7 @@ def test_beam_expansion_and_internal_reorder_keep_document_context():
         tgt = batch.tgt_in.repeat_interleave(k, 0)
         out = []
         for t in range(tgt.size(1)):
-            if t == 2:   # shuffle beams inside each sentence
+            if t == 2:  # shuffle beams inside each sentence
                 within = torch.cat([torch.randperm(k) + k * s for s in range(batch.size)])
                 state = state.reorder(within, same_sources=True)
                 tgt, out = tgt[within], [o[within] for o in out]
@@ -165,8 +179,10 @@ def test_beam_expansion_and_internal_reorder_keep_document_context():
         assert torch.allclose(forced[mask], stepped[:, b][mask], atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["both", "decoder_only", "encoder_only", "document", "document_decoder_only",
-                                  "own_decoder", "own_decoder_only"])
+@pytest.mark.parametrize(
+    "name",
+    ["both", "decoder_only", "encoder_only", "document", "document_decoder_only", "own_decoder", "own_decoder_only"],
+)
 def test_documents_do_not_leak_into_each_other_but_context_is_used(name):
     model, _ = random_model(VARIANTS[name])
     docs = random_docs([3, 2, 4], seed=4)
@@ -196,6 +212,7 @@ def encode_with_document_state_perturbed(model, batch, doc: int, slot: int) -> t
     def perturbed(*args):
         h_s, pad = encode_document(*args)
         return h_s.index_put((torch.tensor([doc]), torch.tensor([slot])), torch.full_like(h_s[0, 0], 3.0)), pad
+
     enc.encode_document = perturbed
     try:
         with torch.no_grad():
@@ -210,7 +227,7 @@ def test_context_switch_decides_which_slots_of_the_document_state_a_word_reads(r
     H^S changes nothing for it; with document every slot of its document reaches it. Other
     documents are untouched either way."""
     model, _ = random_model({"encoder": {**ENC, "context": reading}, "decoder": DEC})
-    batch = context_batch(random_docs([3, 2], seed=2))     # rows 0-2: document 0, rows 3-4: document 1
+    batch = context_batch(random_docs([3, 2], seed=2))  # rows 0-2: document 0, rows 3-4: document 1
     with torch.no_grad():
         base = model.encoder(batch).extra["sentence_context"]
     after = encode_with_document_state_perturbed(model, batch, doc=0, slot=2)
@@ -251,8 +268,10 @@ def test_own_sentence_context_is_a_per_head_weighting_of_the_own_slot():
                 assert out[r, j].eq(0).all()
                 continue
             q, k, v = wq @ h[r, j] + bq, wk @ h[r, j] + bk, wv @ slot[r, 0] + bv
-            heads = [torch.sigmoid(q[i * dh:(i + 1) * dh] @ k[i * dh:(i + 1) * dh] / dh ** 0.5)
-                     * v[i * dh:(i + 1) * dh] for i in range(n_heads)]
+            heads = [
+                torch.sigmoid(q[i * dh : (i + 1) * dh] @ k[i * dh : (i + 1) * dh] / dh**0.5) * v[i * dh : (i + 1) * dh]
+                for i in range(n_heads)
+            ]
             ref = attn.out.weight @ torch.cat(heads) + attn.out.bias
             assert torch.allclose(out[r, j], ref, atol=1e-5)
 
@@ -271,7 +290,7 @@ def test_own_sentence_decoder_reads_only_its_own_sentences_words():
             enc_out.extra["sentence_context"] = enc_out.extra["sentence_context"].clone()
             enc_out.extra["sentence_context"][2] += 1.0
             c = enc_out.extra["doc_memory"].clone()
-            first = int(batch.src[:2].ne(PAD_ID).sum())      # C holds the words of rows 0, 1, 2 in order
+            first = int(batch.src[:2].ne(PAD_ID).sum())  # C holds the words of rows 0, 1, 2 in order
             c[0, first:] += 1.0
             enc_out.extra["doc_memory"] = c
             after = model.decoder(batch.tgt_in, enc_out, batch).hidden
@@ -289,10 +308,13 @@ def test_document_encoder_shares_the_sentence_self_attention_unless_told_not_to(
     assert unshared.n_params() - shared.n_params() == 2 * n_attn
 
 
-@pytest.mark.parametrize("model_section, key", [
-    ({"encoder": {"type": "transformer"}, "decoder": DEC}, "model.decoder.type"),
-    ({"encoder": {**ENC, "word_context": False}, "decoder": {"type": "transformer"}}, "model.encoder.word_context"),
-])
+@pytest.mark.parametrize(
+    "model_section, key",
+    [
+        ({"encoder": {"type": "transformer"}, "decoder": DEC}, "model.decoder.type"),
+        ({"encoder": {**ENC, "word_context": False}, "decoder": {"type": "transformer"}}, "model.encoder.word_context"),
+    ],
+)
 def test_parts_that_do_not_fit_are_a_config_error(model_section, key):
     with pytest.raises(ConfigError, match=key):
         random_model(model_section)
@@ -316,8 +338,10 @@ def test_beam_search_translates_each_document_as_if_it_were_alone(name):
 
 # ----------------------------------------------------------------------------- training
 
-HM_TINY = {"encoder": {"type": "hierarchical", "layers": 2, "heads": 4, "ff": 128, "doc_layers": 1},
-           "decoder": {"type": "doc_context", "layers": 2, "heads": 4, "ff": 128}}
+HM_TINY = {
+    "encoder": {"type": "hierarchical", "layers": 2, "heads": 4, "ff": 128, "doc_layers": 1},
+    "decoder": {"type": "doc_context", "layers": 2, "heads": 4, "ff": 128},
+}
 
 
 def test_two_step_training_copies_the_sentence_parameters_and_builds_two_lr_groups(trained_run, toy_dir, tmp_path):
@@ -343,8 +367,12 @@ def test_two_step_training_copies_the_sentence_parameters_and_builds_two_lr_grou
 @pytest.fixture(scope="module")
 def hm_run(toy_dir, tmp_path_factory):
     run = tmp_path_factory.mktemp("hm_gdc")
-    cfg = tiny_config(toy_dir, run, model={"d_model": 64, **HM_TINY},
-                      train={"max_steps": 600, "batch_tokens": 1536, "valid_every": 600, "save_every": 600})
+    cfg = tiny_config(
+        toy_dir,
+        run,
+        model={"d_model": 64, **HM_TINY},
+        train={"max_steps": 600, "batch_tokens": 1536, "valid_every": 600, "save_every": 600},
+    )
     cfg["optim"]["lr"] = 3.0e-3
     train(config_from_dict(cfg))
     return run
@@ -358,6 +386,7 @@ def test_small_hm_gdc_learns_context_dependent_pronouns_a_sentence_model_cannot(
     gain comes from the other sentences."""
     from onmt_doc.evaluation.toy_pronouns import score_context
     from onmt_doc.toy.corpus import write_corpus
+
     data = tmp_path / "test"
     write_corpus(data, seed=11, train_docs=1, valid_docs=1, test_docs=300)
     model, saved, codec = load_model(str(hm_run / "checkpoints" / "last.pt"))
@@ -381,8 +410,7 @@ def test_context_windows_keep_the_output_aligned_line_by_line(hm_run, toy_dir, t
     saved.data.max_sentences = 2
     hyp = tmp_path / "test.hyp"
     with open(hyp, "w", encoding="utf-8") as out:
-        pairs = Translator(model, codec, saved).run_files(str(toy_dir / "test.src"), out,
-                                                          tgt=str(toy_dir / "test.tgt"))
+        pairs = Translator(model, codec, saved).run_files(str(toy_dir / "test.src"), out, tgt=str(toy_dir / "test.tgt"))
     scores = report(*pairs, saved.data.documents)
     src = (toy_dir / "test.src").read_text(encoding="utf-8").split("\n")
     out_lines = hyp.read_text(encoding="utf-8").split("\n")
@@ -392,8 +420,9 @@ def test_context_windows_keep_the_output_aligned_line_by_line(hm_run, toy_dir, t
     # forced decoding (-score) of the references: one log-probability per line, breaks kept
     scored = tmp_path / "test.scores"
     with open(scored, "w", encoding="utf-8") as out:
-        Translator(model, codec, saved).run_files(str(toy_dir / "test.src"), out, tgt=str(toy_dir / "test.tgt"),
-                                                  score=True)
+        Translator(model, codec, saved).run_files(
+            str(toy_dir / "test.src"), out, tgt=str(toy_dir / "test.tgt"), score=True
+        )
     lines = scored.read_text(encoding="utf-8").split("\n")
     assert [not line.strip() for line in lines] == [not line.strip() for line in src]
     assert all(float(line) < 0 for line in lines if line.strip())

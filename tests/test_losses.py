@@ -1,4 +1,5 @@
 """The fused label-smoothed cross entropy against the textbook formula, and its gradient."""
+
 import pytest
 import torch
 
@@ -29,8 +30,8 @@ def test_loss_and_gradient_equal_the_formula(eps):
     lp = torch.log_softmax(logits, -1)
     assert torch.allclose(nll, -lp.gather(1, target[:, None]).squeeze(1), atol=1e-10)
     assert torch.equal(correct, logits.argmax(-1).eq(target))
-    grad, = torch.autograd.grad((loss * weights).sum(), logits)
-    expected_grad, = torch.autograd.grad((expected * weights).sum(), logits)
+    (grad,) = torch.autograd.grad((loss * weights).sum(), logits)
+    (expected_grad,) = torch.autograd.grad((expected * weights).sum(), logits)
     assert torch.allclose(grad, expected_grad, atol=1e-10)
 
 
@@ -69,4 +70,3 @@ def test_no_targets():
     loss, nll, correct = label_smoothed_nll(logits, torch.zeros(0, dtype=torch.long), 0.1)
     loss.sum().backward()
     assert loss.shape == (0,) and logits.grad.shape == (0, 10)
-

@@ -1,6 +1,7 @@
 """MHPLSTM decoder (Xu et al., 2021): the parallel sublayer against a step-by-step loop of
 eqs. 9–18, the cell scan on long sequences, stepwise decoding against the teacher-forced pass,
 the constant decoding state, config errors and learning the toy corpus."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,8 +17,7 @@ from onmt_doc.models.model import full_log_probs
 from onmt_doc.modules.hplstm import MultiHeadHPLSTM, linear_scan
 from onmt_doc.train.trainer import train
 
-MHPLSTM = {"encoder": TRANSFORMER["encoder"],
-           "decoder": {"type": "mhplstm", "layers": 2, "heads": 4, "ff": 64}}
+MHPLSTM = {"encoder": TRANSFORMER["encoder"], "decoder": {"type": "mhplstm", "layers": 2, "heads": 4, "ff": 64}}
 
 
 def mhplstm(**keys) -> dict:
@@ -25,6 +25,7 @@ def mhplstm(**keys) -> dict:
 
 
 # ----------------------------------------------------------------------------- reference loop
+
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     return (x - x.mean()) / torch.sqrt(x.var(unbiased=False) + 1e-5) * weight + bias
@@ -50,32 +51,38 @@ def reference_row(m: MultiHeadHPLSTM, x: torch.Tensor, over_heads: bool = False)
     norms = [m.sum_norm, m.gate_norm, m.out_gate_norm] + ([] if joint else [m.hidden_norm])
     g_s, g_g, g_o, *g_h = (n.weight.view(h, -1) for n in norms)
     a_s, a_g, a_o, *a_h = (n.bias.view(h, -1) for n in norms)
-    inputs = m.split(x)                                                   # eq. 19
+    inputs = m.split(x)  # eq. 19
     rows, c = [], torch.zeros(h, d)
     for t in range(x.size(0)):
         i = inputs[t].view(h, d)
-        s = inputs[:t].sum(0).view(h, d) if t else torch.zeros(h, d)     # eq. 9: s_1 = 0
-        v = torch.cat([i, normed(s, g_s, a_s, over_heads)], -1)          # eq. 10
+        s = inputs[:t].sum(0).view(h, d) if t else torch.zeros(h, d)  # eq. 9: s_1 = 0
+        v = torch.cat([i, normed(s, g_s, a_s, over_heads)], -1)  # eq. 10
         pre = torch.einsum("hi,hio->ho", v, w_v) + b_v
-        if joint:                                                         # released eq. 13: one LN
+        if joint:  # released eq. 13: one LN
             n = normed(pre, g_g, a_g, True)
-            gate_in, hidden_in = n[:, :2 * d], n[:, 2 * d:]
+            gate_in, hidden_in = n[:, : 2 * d], n[:, 2 * d :]
         elif over_heads:
-            gate_in = normed(pre[:, :2 * d], g_g, a_g, True)              # both gates, all heads
-            hidden_in = normed(pre[:, 2 * d:], g_h[0], a_h[0], True)
+            gate_in = normed(pre[:, : 2 * d], g_g, a_g, True)  # both gates, all heads
+            hidden_in = normed(pre[:, 2 * d :], g_h[0], a_h[0], True)
         else:
-            gate_in = torch.cat([normed(pre[:, :d], g_g[:, :d], a_g[:, :d], False),          # eq. 11
-                                 normed(pre[:, d:2 * d], g_g[:, d:], a_g[:, d:], False)], -1)  # eq. 12
-            hidden_in = normed(pre[:, 2 * d:], g_h[0], a_h[0], False)
+            gate_in = torch.cat(
+                [
+                    normed(pre[:, :d], g_g[:, :d], a_g[:, :d], False),  # eq. 11
+                    normed(pre[:, d : 2 * d], g_g[:, d:], a_g[:, d:], False),
+                ],
+                -1,
+            )  # eq. 12
+            hidden_in = normed(pre[:, 2 * d :], g_h[0], a_h[0], False)
         i_g, f_g = torch.sigmoid(gate_in[:, :d]), torch.sigmoid(gate_in[:, d:])
-        hidden = torch.relu(hidden_in)                                    # eq. 13
-        if m.hidden_out is not None:                                      # eq. 14
-            hidden = torch.einsum("hi,hio->ho", hidden, m.hidden_out.weight.view(h, hid, d)) \
-                + m.hidden_out.bias.view(h, d)
-        c = c * f_g + hidden * i_g                                        # eqs. 15, 16
+        hidden = torch.relu(hidden_in)  # eq. 13
+        if m.hidden_out is not None:  # eq. 14
+            hidden = torch.einsum("hi,hio->ho", hidden, m.hidden_out.weight.view(h, hid, d)) + m.hidden_out.bias.view(
+                h, d
+            )
+        c = c * f_g + hidden * i_g  # eqs. 15, 16
         o_pre = torch.einsum("hi,hio->ho", torch.cat([i, c], -1), w_o) + b_o
-        o_g = torch.sigmoid(normed(o_pre, g_o, a_o, over_heads))          # eq. 17
-        rows.append(m.merge((c * o_g).reshape(-1)))                       # eqs. 18, 21
+        o_g = torch.sigmoid(normed(o_pre, g_o, a_o, over_heads))  # eq. 17
+        rows.append(m.merge((c * o_g).reshape(-1)))  # eqs. 18, 21
     return torch.stack(rows)
 
 
@@ -87,7 +94,7 @@ def test_parallel_sublayer_equals_step_by_step_loop(hidden_layers, norm_group):
     layer-norm statistics over the group ``norm_group`` names."""
     torch.manual_seed(0)
     m = MultiHeadHPLSTM(16, 2, 0.0, hidden_layers=hidden_layers, norm_group=norm_group)
-    for p in m.parameters():                     # move norms and biases away from 1 / 0
+    for p in m.parameters():  # move norms and biases away from 1 / 0
         torch.nn.init.normal_(p, std=0.5)
     lengths = [9, 4, 6]
     x = torch.randn(3, 9, 16)
@@ -107,8 +114,8 @@ def test_parallel_sublayer_equals_step_by_step_loop(hidden_layers, norm_group):
     names = ["x"] + [name for name, _ in m.named_parameters()]
     for name, a, b in zip(names, fast_grads, ref_grads):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-5), (name, (a - b).abs().max())
-    assert fast_grads[0][0].abs().sum() > 0 and fast_grads[0][1, 4:].abs().sum() == 0   # padding gets none
-    if hidden_layers == 2:   # same parameters in both groupings: the other one's reference differs
+    assert fast_grads[0][0].abs().sum() > 0 and fast_grads[0][1, 4:].abs().sum() == 0  # padding gets none
+    if hidden_layers == 2:  # same parameters in both groupings: the other one's reference differs
         assert not torch.allclose(out[0].detach(), reference_row(m, x[0].detach(), not over), atol=1e-3)
 
 
@@ -119,13 +126,14 @@ def test_layer_norm_statistics_per_head_or_over_all_heads(parts):
     a head ignores the others; over all heads, only a position's whole [H, (parts,) d] block has,
     and changing one head moves the others."""
     from onmt_doc.modules.hplstm import GroupedLayerNorm
+
     h, d = 3, 8
     tail = (parts, d) if parts > 1 else (d,)
     x = torch.randn(h, 5, *tail) * torch.tensor([1.0, 10.0, 100.0]).view(h, 1, *([1] * len(tail))) + 3.0
     if parts > 1:
-        x[..., 1, :] *= 7.0                                               # parts of unequal scale
+        x[..., 1, :] *= 7.0  # parts of unequal scale
     bumped = x.clone()
-    bumped[2] *= 5.0                                                      # change head 2 only
+    bumped[2] *= 5.0  # change head 2 only
     per_head = GroupedLayerNorm(h, d, parts, over_heads=False)
     all_heads = GroupedLayerNorm(h, d, parts, over_heads=True)
     y = per_head(x)
@@ -133,13 +141,14 @@ def test_layer_norm_statistics_per_head_or_over_all_heads(parts):
     assert torch.allclose(y.var(-1, unbiased=False), torch.ones(()), atol=1e-3)
     assert torch.allclose(per_head(bumped)[:2], y[:2])
     z = all_heads(x)
-    block = z.movedim(0, 1).reshape(5, -1)                                # a position's H·parts·d features
+    block = z.movedim(0, 1).reshape(5, -1)  # a position's H·parts·d features
     assert torch.allclose(block.mean(-1), torch.zeros(()), atol=1e-5)
     assert torch.allclose(block.var(-1, unbiased=False), torch.ones(()), atol=1e-3)
-    assert not torch.allclose(z.var(-1, unbiased=False), torch.ones(()), atol=0.1)   # heads are not
-    if parts > 1:                                                         # nor is one part over all heads
-        assert not torch.allclose(z[..., 0, :].movedim(0, 1).reshape(5, -1).var(-1, unbiased=False),
-                                  torch.ones(()), atol=0.1)
+    assert not torch.allclose(z.var(-1, unbiased=False), torch.ones(()), atol=0.1)  # heads are not
+    if parts > 1:  # nor is one part over all heads
+        assert not torch.allclose(
+            z[..., 0, :].movedim(0, 1).reshape(5, -1).var(-1, unbiased=False), torch.ones(()), atol=0.1
+        )
     assert not torch.allclose(all_heads(bumped)[:2], z[:2], atol=1e-3)
 
 
@@ -171,11 +180,28 @@ def test_scan_is_exact_on_long_sequences(gate_bias):
 
 # ----------------------------------------------------------------------------- decoding
 
-@pytest.mark.parametrize("keys", [{}, {"ffn": False}, {"positions": False}, {"hidden_layers": 1},
-                                  {"pre_norm": False}, {"norm_group": "all_heads"},
-                                  {"norm_group": "all_heads", "hidden_layers": 1}],
-                         ids=["default", "no_ffn", "no_positions", "hidden_1_layer", "post_norm",
-                              "norm_all_heads", "norm_all_heads_hidden_1_layer"])
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        {},
+        {"ffn": False},
+        {"positions": False},
+        {"hidden_layers": 1},
+        {"pre_norm": False},
+        {"norm_group": "all_heads"},
+        {"norm_group": "all_heads", "hidden_layers": 1},
+    ],
+    ids=[
+        "default",
+        "no_ffn",
+        "no_positions",
+        "hidden_1_layer",
+        "post_norm",
+        "norm_all_heads",
+        "norm_all_heads_hidden_1_layer",
+    ],
+)
 def test_stepwise_equals_teacher_forced(keys):
     """Token-by-token decoding equals the teacher-forced pass, also with the batch permuted (a
     full beam reorder) after 3 steps."""
@@ -193,7 +219,7 @@ def test_beams_shuffled_within_sentences_at_every_step():
         expected = full_log_probs(model, batch).repeat_interleave(k, 0)
         tgt_in, keep = batch.tgt_in.repeat_interleave(k, 0), batch.tgt_out.repeat_interleave(k, 0).ne(PAD_ID)
         state = model.init_state(model.encode(batch), batch).reorder(torch.arange(2).repeat_interleave(k))
-        held = torch.arange(2 * k)                       # which expanded row each state row holds
+        held = torch.arange(2 * k)  # which expanded row each state row holds
         for t in range(tgt_in.size(1)):
             within = torch.cat([torch.randperm(k, generator=g) + j * k for j in range(2)])
             state, held = state.reorder(within, same_sources=True), held[within]
@@ -225,15 +251,21 @@ def test_decoding_state_does_not_grow():
     assert grown[0] < grown[1] < grown[2]
 
 
-@pytest.mark.parametrize("key, value, message", [("hidden_layers", 3, "hidden_layers: must be 1 or 2"),
-                                                 ("hidden_ratio", 0, "hidden_ratio: must be at least 1"),
-                                                 ("norm_group", "per_model", "norm_group")])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("hidden_layers", 3, "hidden_layers: must be 1 or 2"),
+        ("hidden_ratio", 0, "hidden_ratio: must be at least 1"),
+        ("norm_group", "per_model", "norm_group"),
+    ],
+)
 def test_bad_values_name_the_key(key, value, message):
     with pytest.raises(ConfigError, match=f"model.decoder.{message}"):
         random_model(mhplstm(**{key: value}))
 
 
 # ----------------------------------------------------------------------------- learning
+
 
 def test_tiny_mhplstm_learns_sentence_level_toy_like_the_transformer(toy_dir, tmp_path):
     """The bars of tests/test_training.py's Transformer of the same size (acc > 90%, ppl < 1.6,
@@ -242,8 +274,9 @@ def test_tiny_mhplstm_learns_sentence_level_toy_like_the_transformer(toy_dir, tm
     from onmt_doc.models.builder import build_model
 
     decoder = {"type": "mhplstm", "layers": 2, "heads": 4, "ff": 128}
-    cfg = tiny_config(toy_dir, tmp_path / "run",
-                      train={"max_steps": 300, "valid_every": 300, "save_every": 300, "valid_bleu": True})
+    cfg = tiny_config(
+        toy_dir, tmp_path / "run", train={"max_steps": 300, "valid_every": 300, "save_every": 300, "valid_bleu": True}
+    )
     transformer_cfg = config_from_dict(cfg)
     cfg["model"]["decoder"] = decoder
     metrics = train(config_from_dict(cfg))

@@ -1,5 +1,6 @@
 """Optimizers built from the config: OUR builder's choices (fused kernel, overrides, argument
 checks, parameter groups), not torch's arithmetic."""
+
 from __future__ import annotations
 
 import pytest
@@ -25,8 +26,9 @@ def torch_has_fused(cls) -> bool:
         return False
 
 
-@pytest.mark.parametrize("name,cls", [("adam", torch.optim.Adam), ("adamw", torch.optim.AdamW),
-                                      ("sgd", torch.optim.SGD)])
+@pytest.mark.parametrize(
+    "name,cls", [("adam", torch.optim.Adam), ("adamw", torch.optim.AdamW), ("sgd", torch.optim.SGD)]
+)
 def test_fused_kernel_is_chosen_where_torch_has_it(name, cls):
     opt = build({"type": name, "lr": 0.01})
     assert type(opt) is cls
@@ -37,23 +39,32 @@ def test_fused_and_foreach_overrides_are_honoured():
     opt = build({"type": "adam", "params": {"fused": False}})
     assert not opt.defaults["fused"]
     opt = build({"type": "adam", "params": {"foreach": True}})
-    assert opt.defaults["foreach"] is True and not opt.defaults["fused"]   # foreach alone: no fused
+    assert opt.defaults["foreach"] is True and not opt.defaults["fused"]  # foreach alone: no fused
     opt = build({"type": "adam", "params": {"foreach": False}})
     assert opt.defaults["foreach"] is False and not opt.defaults["fused"]
 
 
 def test_config_values_reach_the_optimizer():
-    opt = build({"type": "adam", "lr": 0.003, "betas": [0.8, 0.9], "eps": 1e-6, "weight_decay": 0.01,
-                 "params": {"amsgrad": True}})
+    opt = build(
+        {
+            "type": "adam",
+            "lr": 0.003,
+            "betas": [0.8, 0.9],
+            "eps": 1e-6,
+            "weight_decay": 0.01,
+            "params": {"amsgrad": True},
+        }
+    )
     d = opt.defaults
     assert (d["lr"], d["betas"], d["eps"], d["weight_decay"], d["amsgrad"]) == (0.003, (0.8, 0.9), 1e-6, 0.01, True)
     sgd = build({"type": "sgd", "lr": 0.1, "params": {"momentum": 0.9, "nesterov": True}})
     assert sgd.defaults["momentum"] == 0.9 and sgd.defaults["nesterov"] is True
-    assert "betas" not in sgd.defaults          # only arguments the constructor has are passed
+    assert "betas" not in sgd.defaults  # only arguments the constructor has are passed
 
 
 def test_torch_optimizer_names_are_built():
     import torch_optimizer
+
     opt = build({"type": "radam", "lr": 0.002, "betas": [0.9, 0.99]})
     assert isinstance(opt, torch_optimizer.get("radam")) and opt.defaults["betas"] == (0.9, 0.99)
 
@@ -75,7 +86,7 @@ def test_param_groups_split_copied_parameters_at_their_scale():
     by_name = {g["name"]: g for g in groups}
     assert set(by_name) == {"new", "initialised"}
     assert [id(p) for p in by_name["initialised"]["params"]] == [id(a), id(c)]
-    assert [id(p) for p in by_name["new"]["params"]] == [id(b)]          # frozen parameters left out
+    assert [id(p) for p in by_name["new"]["params"]] == [id(b)]  # frozen parameters left out
     assert (by_name["initialised"]["lr_scale"], by_name["new"]["lr_scale"]) == (0.2, 1.0)
     plain = param_groups(named, scaled=set(), scale=0.2)
     assert [(g["name"], g["lr_scale"], len(g["params"])) for g in plain] == [("default", 1.0, 3)]
@@ -83,9 +94,10 @@ def test_param_groups_split_copied_parameters_at_their_scale():
 
 def test_builder_keeps_group_names_and_scales_and_drops_empty_groups():
     a, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(3))
-    opt = build({"type": "adam"}, [{"name": "new", "params": [], "lr_scale": 1.0},
-                                   {"name": "initialised", "params": [a, b], "lr_scale": 0.2}])
+    opt = build(
+        {"type": "adam"},
+        [{"name": "new", "params": [], "lr_scale": 1.0}, {"name": "initialised", "params": [a, b], "lr_scale": 0.2}],
+    )
     assert len(opt.param_groups) == 1
     g = opt.param_groups[0]
     assert g["name"] == "initialised" and g["lr_scale"] == 0.2 and [id(p) for p in g["params"]] == [id(a), id(b)]
-

@@ -1,6 +1,7 @@
 """Joint-representation Reformer: separable attention against per-slice references, Reduction,
 Dropout1d/2d mask sharing, stepwise decoding == teacher forcing (with beam reordering), gradient
 checkpointing, and a small Reformer-fast that learns the toy corpus."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,11 +28,14 @@ from onmt_doc.translate.search import BeamSearch
 
 REFORMER = {"layers": 2, "heads": 4, "ff": 64}
 BASE = {"encoder": {"type": "embedding"}, "decoder": {"type": "reformer", **REFORMER}}
-FAST = {"encoder": {"type": "transformer", "layers": 1, "heads": 4, "ff": 64},
-        "decoder": {"type": "reformer", **REFORMER}}
+FAST = {
+    "encoder": {"type": "transformer", "layers": 1, "heads": 4, "ff": 64},
+    "decoder": {"type": "reformer", **REFORMER},
+}
 
 
 # ----------------------------------------------------------------------------- references
+
 
 def explicit_attention(mha, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """softmax(q kᵀ / √d + mask) v per head, written out from the module's weights; x [L, E] one
@@ -41,7 +45,7 @@ def explicit_attention(mha, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor
     outs = []
     for h in range(heads):
         cols = slice(h * d_head, (h + 1) * d_head)
-        scores = q[:, cols] @ k[:, cols].T / d_head ** 0.5
+        scores = q[:, cols] @ k[:, cols].T / d_head**0.5
         probs = scores.masked_fill(~keep, float("-inf")).softmax(-1)
         outs.append(probs @ v[:, cols])
     return torch.cat(outs, -1) @ mha.out.weight.T + mha.out.bias
@@ -57,6 +61,7 @@ def joint_example(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 
 # ----------------------------------------------------------------------------- separable attention
 
+
 def test_target_attention_equals_causal_attention_per_source_slice():
     x, _ = joint_example()
     attn = TargetAttention(16, 4, 0.0).eval()
@@ -65,7 +70,7 @@ def test_target_attention_equals_causal_attention_per_source_slice():
     with torch.no_grad():
         out = attn(x)
         for b in range(x.size(0)):
-            for s in range(x.size(2)):          # eq. 5: one attention along T per source position
+            for s in range(x.size(2)):  # eq. 5: one attention along T per source position
                 ref = explicit_attention(attn.attn, x[b, :, s], causal)
                 assert torch.allclose(out[b, :, s], ref, atol=1e-5), (b, s)
 
@@ -76,7 +81,7 @@ def test_source_attention_equals_masked_attention_per_target_slice():
     with torch.no_grad():
         out = attn(x, keep)
         for b in range(x.size(0)):
-            for t in range(x.size(1)):          # eq. 5: one attention along S per target position
+            for t in range(x.size(1)):  # eq. 5: one attention along S per target position
                 visible = keep[b][None, :].expand(x.size(2), -1)
                 ref = explicit_attention(attn.attn, x[b, t], visible)
                 assert torch.allclose(out[b, t], ref, atol=1e-5), (b, t)
@@ -90,9 +95,9 @@ def test_reduction_equals_per_channel_softmax_over_real_source_positions():
         out = red(x, keep)
         for b in range(x.size(0)):
             for t in range(x.size(1)):
-                xs = red.input_norm(x[b, t][keep[b]])             # [S_real, E]
+                xs = red.input_norm(x[b, t][keep[b]])  # [S_real, E]
                 heads = []
-                for i in range(xs.size(1)):                       # eq. 6, head_i = softmax(W_i xᵀ) x_i
+                for i in range(xs.size(1)):  # eq. 6, head_i = softmax(W_i xᵀ) x_i
                     w = (red.score.weight[i] @ xs.T).softmax(-1)
                     heads.append(w @ xs[:, i])
                 ref = red.output_norm(torch.stack(heads))
@@ -105,6 +110,7 @@ def test_reduction_equals_per_channel_softmax_over_real_source_positions():
 
 # ----------------------------------------------------------------------------- Dropout1d / 2d
 
+
 def kept(module, shape) -> torch.Tensor:
     torch.manual_seed(0)
     return module.train()(torch.ones(shape)) != 0
@@ -114,13 +120,17 @@ def varies_along(mask: torch.Tensor, axis: int) -> bool:
     return bool((mask != mask.narrow(axis, 0, 1)).any())
 
 
-@pytest.mark.parametrize("module, shared", [
-    (Dropout1d(0.5, SOURCE_AXIS), [SOURCE_AXIS]),              # target attention output
-    (Dropout1d(0.5, TARGET_AXIS), [TARGET_AXIS]),              # source attention output
-    (Dropout2d(0.5), [TARGET_AXIS, SOURCE_AXIS]),              # FFN output
-], ids=["1d_along_S", "1d_along_T", "2d"])
+@pytest.mark.parametrize(
+    "module, shared",
+    [
+        (Dropout1d(0.5, SOURCE_AXIS), [SOURCE_AXIS]),  # target attention output
+        (Dropout1d(0.5, TARGET_AXIS), [TARGET_AXIS]),  # source attention output
+        (Dropout2d(0.5), [TARGET_AXIS, SOURCE_AXIS]),  # FFN output
+    ],
+    ids=["1d_along_S", "1d_along_T", "2d"],
+)
 def test_shared_dropout_masks_are_constant_exactly_along_their_axes(module, shared):
-    shape = (3, 6, 7, 32)                                      # [B, T, S, E]
+    shape = (3, 6, 7, 32)  # [B, T, S, E]
     mask = kept(module, shape)
     for axis in range(4):
         if axis in shared:
@@ -129,15 +139,19 @@ def test_shared_dropout_masks_are_constant_exactly_along_their_axes(module, shar
             assert varies_along(mask, axis), f"noise is shared along axis {axis} too"
     assert module.mask_shape(torch.Size(shape)) == tuple(1 if a in shared else n for a, n in enumerate(shape))
     y = module.train()(torch.ones(shape))
-    assert torch.allclose(y[y != 0], torch.full_like(y[y != 0], 2.0))       # inverted scaling
+    assert torch.allclose(y[y != 0], torch.full_like(y[y != 0], 2.0))  # inverted scaling
     assert 0.35 < mask.float().mean() < 0.65
     assert torch.equal(module.eval()(torch.ones(shape)), torch.ones(shape))
 
 
 # ----------------------------------------------------------------------------- decoding
 
-@pytest.mark.parametrize("section, perm", [(BASE, None), (FAST, None), (FAST, [2, 0, 3, 1]), (BASE, [3, 3, 0, 1])],
-                         ids=["base", "fast", "fast_reordered", "base_reordered"])
+
+@pytest.mark.parametrize(
+    "section, perm",
+    [(BASE, None), (FAST, None), (FAST, [2, 0, 3, 1]), (BASE, [3, 3, 0, 1])],
+    ids=["base", "fast", "fast_reordered", "base_reordered"],
+)
 def test_stepwise_equals_teacher_forced(section, perm):
     """Row by row through every layer with cached target-axis keys/values == the whole T×S block;
     with ``perm`` the state is reordered at step 3 as beam search does (rows repeated too)."""
@@ -191,7 +205,7 @@ def test_beam_search_finished_sentences_do_not_change_results():
         together = search.search(model, batch)
         for i in range(len(SIZES)):
             n = int(batch.src[i].ne(PAD_ID).sum())
-            one = type(batch)(src=batch.src[i:i + 1, :n], src_groups=batch.src_groups[i:i + 1, :n])
+            one = type(batch)(src=batch.src[i : i + 1, :n], src_groups=batch.src_groups[i : i + 1, :n])
             alone = search.search(model, one)
             assert alone[0][0].tokens == together[i][0].tokens
             assert abs(alone[0][0].score - together[i][0].score) < 1e-4
@@ -199,13 +213,13 @@ def test_beam_search_finished_sentences_do_not_change_results():
 
 # ----------------------------------------------------------------------------- training
 
+
 def test_checkpointed_layers_save_less_and_give_the_same_gradients():
     """Recomputing layers in backward (dropout on: the RNG state must be replayed) changes no
     gradient, and autograd keeps far fewer activation elements until the backward pass."""
     grads, saved = [], []
     for flag in (False, True):
-        model, _ = random_model({**FAST, "dropout": 0.3,
-                                 "decoder": {**FAST["decoder"], "checkpoint_layers": flag}})
+        model, _ = random_model({**FAST, "dropout": 0.3, "decoder": {**FAST["decoder"], "checkpoint_layers": flag}})
         model.train()
         torch.manual_seed(11)
         count = [0]
@@ -237,11 +251,16 @@ def test_small_reformer_fast_learns_sentence_level_toy(toy_dir, tmp_path):
     """Bound as for the Transformer: validation accuracy > 90% and ppl < 1.6 after 300 steps
     (untrained: ~0% and ~vocabulary size). 1 PreNet + 1 Reformer layer, batches of 512 tokens (a
     Reformer step costs ~S times a Transformer's), a higher learning rate than the Transformer test's."""
-    cfg = tiny_config(toy_dir, tmp_path / "run",
-                      train={"max_steps": 300, "valid_every": 300, "save_every": 300, "batch_tokens": 512},
-                      optim={"lr": 5.0e-3},
-                      model={"encoder": {"type": "transformer", "layers": 1, "heads": 4, "ff": 128},
-                             "decoder": {"type": "reformer", "layers": 1, "heads": 4, "ff": 128}})
+    cfg = tiny_config(
+        toy_dir,
+        tmp_path / "run",
+        train={"max_steps": 300, "valid_every": 300, "save_every": 300, "batch_tokens": 512},
+        optim={"lr": 5.0e-3},
+        model={
+            "encoder": {"type": "transformer", "layers": 1, "heads": 4, "ff": 128},
+            "decoder": {"type": "reformer", "layers": 1, "heads": 4, "ff": 128},
+        },
+    )
     metrics = train(config_from_dict(cfg))
     assert metrics["acc"] > 90.0, metrics
     assert metrics["ppl"] < 1.6, metrics

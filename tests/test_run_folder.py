@@ -1,5 +1,6 @@
 """Run folders: one training per log.dir, refused inexact resumes, finished runs, SIGTERM/SIGINT
 saves, leftovers of interrupted saves, checkpoints that cannot be resumed, one-line errors."""
+
 from __future__ import annotations
 
 import os
@@ -34,8 +35,19 @@ def data(toy_dir, tmp_path_factory) -> Path:
 
 
 def config(toy_dir: Path, data: Path, run: Path, **train_keys) -> dict:
-    c = tiny_config(toy_dir, run, train={"max_steps": 4, "save_every": 2, "valid_every": 2, "keep_last": 2,
-                                         "batch_tokens": 400, "threads": 1, **train_keys})
+    c = tiny_config(
+        toy_dir,
+        run,
+        train={
+            "max_steps": 4,
+            "save_every": 2,
+            "valid_every": 2,
+            "keep_last": 2,
+            "batch_tokens": 400,
+            "threads": 1,
+            **train_keys,
+        },
+    )
     c["data"]["train"] = {"src": str(data / "train.src"), "tgt": str(data / "train.tgt")}
     return c
 
@@ -75,8 +87,9 @@ class Lines:
 
 def start_training(cfg: dict, tmp_path: Path) -> tuple[subprocess.Popen, Lines]:
     path = write_config(cfg, tmp_path / "holder.yaml")
-    proc = subprocess.Popen([*TRAIN, "-config", str(path)], stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen(
+        [*TRAIN, "-config", str(path)], stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     return proc, Lines(proc)
 
 
@@ -85,14 +98,15 @@ def start_training(cfg: dict, tmp_path: Path) -> tuple[subprocess.Popen, Lines]:
 
 def test_second_training_in_a_busy_run_folder_fails_naming_the_holder(toy_dir, data, run, tmp_path):
     """Two trainings in one log.dir used to mix silently; the lock also dies with its holder."""
-    holder, lines = start_training(config(toy_dir, data, run, max_steps=100000, save_every=1,
-                                          valid_every=100000), tmp_path)
+    holder, lines = start_training(
+        config(toy_dir, data, run, max_steps=100000, save_every=1, valid_every=100000), tmp_path
+    )
     try:
-        lines.wait_for("resumed from")      # the holder is past its start-up and training
+        lines.wait_for("resumed from")  # the holder is past its start-up and training
         with pytest.raises(UserError, match=rf"in use by another training \(pid {holder.pid} on "):
             train(config_from_dict(config(toy_dir, data, run, max_steps=100)))
     finally:
-        holder.kill()                       # SIGKILL: no clean-up, the kernel drops the lock
+        holder.kill()  # SIGKILL: no clean-up, the kernel drops the lock
         holder.wait()
     step = last_step(run)
     train(config_from_dict(config(toy_dir, data, run, max_steps=step + 1, save_every=1)))
@@ -103,21 +117,24 @@ def test_second_training_in_a_busy_run_folder_fails_naming_the_holder(toy_dir, d
 
 
 def test_resume_refuses_changed_batching_or_data_and_names_the_way_out(toy_dir, data, run, tmp_path):
-    with pytest.raises(UserError, match=r"train\.batch_tokens 400 -> 300.*train\.resume_data=next_epoch"
-                                        r".*train\.init_from="):
+    with pytest.raises(
+        UserError,
+        match=r"train\.batch_tokens 400 -> 300.*train\.resume_data=next_epoch"
+        r".*train\.init_from=",
+    ):
         train(config_from_dict(config(toy_dir, data, run, max_steps=6, batch_tokens=300)))
     with pytest.raises(UserError, match=r"train\.seed 1 -> 2"):
         train(config_from_dict(config(toy_dir, data, run, max_steps=6, seed=2)))
     other = tmp_path / "other"
     other.mkdir()
-    for ext in ("src", "tgt"):   # one sentence pair fewer (the last line of a document)
+    for ext in ("src", "tgt"):  # one sentence pair fewer (the last line of a document)
         lines = (data / f"train.{ext}").read_text(encoding="utf-8").split("\n")
         (other / f"train.{ext}").write_text("\n".join(lines[1:]), encoding="utf-8")
     cfg = config(toy_dir, data, run, max_steps=6)
     cfg["data"]["train"] = {"src": str(other / "train.src"), "tgt": str(other / "train.tgt")}
     with pytest.raises(UserError, match=r"data\.train\.src .*other/train\.src"):
         train(config_from_dict(cfg))
-    assert last_step(run) == 4              # nothing was trained by the refused runs
+    assert last_step(run) == 4  # nothing was trained by the refused runs
 
 
 def test_resume_data_next_epoch_accepts_a_new_batch_size(toy_dir, data, run):
@@ -127,7 +144,7 @@ def test_resume_data_next_epoch_accepts_a_new_batch_size(toy_dir, data, run):
     after = load_checkpoint(str(run / "checkpoints" / "last.pt"))
     assert after["step"] == 5
     assert after["train_state"]["sampler"] == {"epoch": before["epoch"] + 1, "position": 1, "seed": 1}
-    assert after["train_state"]["data"]["train.batch_tokens"] == 300   # the new order is the reference now
+    assert after["train_state"]["data"]["train.batch_tokens"] == 300  # the new order is the reference now
 
 
 def test_resume_with_changed_lr_continues_and_reports_it(toy_dir, data, run, warnings_of_onmt_doc):
@@ -157,7 +174,7 @@ def test_sigterm_saves_once_at_the_next_step_boundary(toy_dir, data, run, tmp_pa
     cfg = config(toy_dir, data, run, max_steps=100000, save_every=100000, valid_every=100000)
     cfg["log"]["every"] = 1
     proc, lines = start_training(cfg, tmp_path)
-    lines.wait_for("step 6/100000")         # training, two steps past the resumed step 4
+    lines.wait_for("step 6/100000")  # training, two steps past the resumed step 4
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == 128 + signal.SIGTERM
     lines.thread.join(10)
@@ -178,10 +195,10 @@ def test_a_second_signal_stops_at_once_and_handlers_are_restored():
     with pytest.raises(Interrupted) as info:
         with StopRequest() as request:
             os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.1)                 # the handler runs: a flag, no exception
+            time.sleep(0.1)  # the handler runs: a flag, no exception
             assert request.signum == signal.SIGINT
             os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(5)                   # interrupted at once by the second signal
+            time.sleep(5)  # interrupted at once by the second signal
     assert info.value.exit_status == 130
     assert signal.getsignal(signal.SIGINT) is before
 
@@ -190,8 +207,11 @@ def test_a_second_signal_stops_at_once_and_handlers_are_restored():
 
 
 def test_leftovers_of_interrupted_saves_are_removed_at_start(toy_dir, data, run):
-    leftovers = [run / "checkpoints" / "step_6.pt.tmp4242", run / "checkpoints" / ".last.pt.tmp4242",
-                 run / "config.yaml.tmp4242"]
+    leftovers = [
+        run / "checkpoints" / "step_6.pt.tmp4242",
+        run / "checkpoints" / ".last.pt.tmp4242",
+        run / "config.yaml.tmp4242",
+    ]
     for path in leftovers:
         path.write_bytes(b"\0" * 100_000)
     train(config_from_dict(config(toy_dir, data, run, max_steps=5, save_every=100)))
@@ -216,21 +236,25 @@ def test_resume_from_a_checkpoint_without_training_state_is_one_line(toy_dir, da
     if kind == "best":
         shutil.copy(ckpts / "best.pt", ckpts / "last.pt")
     else:
-        save_checkpoint(average_checkpoints([str(ckpts / "step_2.pt"), str(ckpts / "step_4.pt")]),
-                        str(ckpts / "last.pt"))
+        save_checkpoint(
+            average_checkpoints([str(ckpts / "step_2.pt"), str(ckpts / "step_4.pt")]), str(ckpts / "last.pt")
+        )
     with pytest.raises(UserError, match=r"last\.pt: has no training state .*train\.init_from="):
         train(config_from_dict(config(toy_dir, data, run, max_steps=6)))
 
 
 def test_corrupt_last_names_the_intact_step_checkpoint(toy_dir, data, run):
     ckpts = run / "checkpoints"
-    (ckpts / "step_4.pt").write_bytes((ckpts / "step_4.pt").read_bytes()[:1000])   # damaged too
+    (ckpts / "step_4.pt").write_bytes((ckpts / "step_4.pt").read_bytes()[:1000])  # damaged too
     last = ckpts / "last.pt"
     last.write_bytes(last.read_bytes()[:5000])
-    with pytest.raises(UserError, match=r"last\.pt: not a readable .*newest intact checkpoint beside it is "
-                                        r".*step_2\.pt: copy it to"):
+    with pytest.raises(
+        UserError,
+        match=r"last\.pt: not a readable .*newest intact checkpoint beside it is "
+        r".*step_2\.pt: copy it to",
+    ):
         train(config_from_dict(config(toy_dir, data, run, max_steps=6)))
-    shutil.copy(ckpts / "step_2.pt", last)   # the advice works
+    shutil.copy(ckpts / "step_2.pt", last)  # the advice works
     train(config_from_dict(config(toy_dir, data, run, max_steps=3)))
     assert last_step(run) == 3
 
@@ -250,7 +274,7 @@ def test_log_dir_not_writable_is_one_line(toy_dir, data, tmp_path):
         folder.mkdir()
         folder.chmod(0o500)
         run = folder / "run"
-    elif os.path.isdir("/sys/kernel"):      # root may write anywhere but in sysfs
+    elif os.path.isdir("/sys/kernel"):  # root may write anywhere but in sysfs
         run = Path("/sys/kernel/onmt_doc_run")
     else:
         pytest.skip("running as root without sysfs: no folder is unwritable")
@@ -261,6 +285,5 @@ def test_log_dir_not_writable_is_one_line(toy_dir, data, tmp_path):
 def test_negative_thread_counts_are_one_line(toy_dir, data, tmp_path):
     with pytest.raises(ConfigError, match=r"train\.threads: must be at least 0, got -2"):
         config_from_dict(config(toy_dir, data, tmp_path / "run", threads=-2))
-    proc = run_cli(*module_cmd("onmt_doc.bin.translate"), "-model", "none.pt", "-src", "none.txt",
-                   "-threads", "-1")
+    proc = run_cli(*module_cmd("onmt_doc.bin.translate"), "-model", "none.pt", "-src", "none.txt", "-threads", "-1")
     assert_one_line_error(proc, "-threads must be 0 or more (got -1)")

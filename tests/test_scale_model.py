@@ -1,5 +1,6 @@
 """Single-shot gradient-based scaling (Reformer paper, eqs. 7-11): the solver on synthetic losses
 and the paper's own numbers, the variant configs, and tools/scale_model.py's contract."""
+
 from __future__ import annotations
 
 import sys
@@ -13,8 +14,11 @@ from onmt_doc.config import config_from_dict, load_config
 from onmt_doc.errors import UserError
 from onmt_doc.models.depth_width_scaling import layer_units, plan_scaling, scaled_config, solve_step, variant_overrides
 
-FAST = {"d_model": 256, "encoder": {"type": "transformer", "layers": 3, "heads": 4, "ff": 1024},
-        "decoder": {"type": "reformer", "layers": 2, "heads": 4, "ff": 1024}}
+FAST = {
+    "d_model": 256,
+    "encoder": {"type": "transformer", "layers": 3, "heads": 4, "ff": 1024},
+    "decoder": {"type": "reformer", "layers": 2, "heads": 4, "ff": 1024},
+}
 TOOL = [sys.executable, str(REPO / "tools" / "scale_model.py")]
 
 
@@ -29,7 +33,7 @@ def test_step_reaches_the_parameter_ratio_along_the_gradient():
     plan = plan_scaling(layers, 4 * 256, 256, losses, epsilon=1, beta=2.0)
     assert plan.grad_layers == pytest.approx(0.03) and plan.grad_width == pytest.approx(0.01)
     new_l, new_w = layers + plan.alpha * 0.03, w + plan.alpha * 0.01
-    assert layer_units(new_l, new_w) == pytest.approx(2.0 * layer_units(layers, w))       # eq. 11
+    assert layer_units(new_l, new_w) == pytest.approx(2.0 * layer_units(layers, w))  # eq. 11
     # by hand: (6 + 0.03α)(12 + 0.02α) = 2·6·12, i.e. 0.0006α² + 0.48α − 72 = 0
     alpha = (-(0.36 + 0.12) + ((0.36 + 0.12) ** 2 + 4 * 0.0006 * 72) ** 0.5) / (2 * 0.0006)
     assert plan.alpha == pytest.approx(alpha)
@@ -73,8 +77,19 @@ def test_variants_and_scaled_config_move_the_prenet_with_the_decoder():
 def test_tool_writes_a_loadable_scaled_config(tmp_path):
     path = write_config({"model": FAST, "log": {"dir": str(tmp_path / "run")}}, tmp_path / "fast.yaml")
     out = tmp_path / "scaled.yaml"
-    proc = run_cli(*TOOL, "-config", str(path), "-beta", "2", "-losses", "3.0,2.98937,2.98931",
-                   "-output", str(out), "model.decoder.layers=5", "model.encoder.layers=5")
+    proc = run_cli(
+        *TOOL,
+        "-config",
+        str(path),
+        "-beta",
+        "2",
+        "-losses",
+        "3.0,2.98937,2.98931",
+        "-output",
+        str(out),
+        "model.decoder.layers=5",
+        "model.encoder.layers=5",
+    )
     assert proc.returncode == 0, proc.stderr
     scaled = load_config(str(out))
     assert scaled.model.decoder.layers == scaled.model.encoder.layers == 7
@@ -86,7 +101,19 @@ def test_tool_errors_are_one_line(tmp_path):
     path = write_config({"model": FAST}, tmp_path / "fast.yaml")
     out = str(tmp_path / "o.yaml")
     assert_one_line_error(run_cli(*TOOL, "-config", str(path), "-losses", "3.0,2.9", "-output", out), "-losses")
-    assert_one_line_error(run_cli(*TOOL, "-config", str(path), "-losses", "3.0,3.1,3.2", "-output", out),
-                          "no scaling reaches")
-    assert_one_line_error(run_cli(*TOOL, "-config", str(path), "model.decoder.layerz=2", "-losses", "3,2,2",
-                                  "-output", str(tmp_path / "o.yaml")), "model.decoder.layerz")
+    assert_one_line_error(
+        run_cli(*TOOL, "-config", str(path), "-losses", "3.0,3.1,3.2", "-output", out), "no scaling reaches"
+    )
+    assert_one_line_error(
+        run_cli(
+            *TOOL,
+            "-config",
+            str(path),
+            "model.decoder.layerz=2",
+            "-losses",
+            "3,2,2",
+            "-output",
+            str(tmp_path / "o.yaml"),
+        ),
+        "model.decoder.layerz",
+    )

@@ -1,4 +1,5 @@
 """Learning-rate schedules against their formulas, written out here independently of the code."""
+
 from __future__ import annotations
 
 import math
@@ -12,8 +13,13 @@ STEPS = [1, 2, 3, 50, 99, 100, 101, 250, 400, 999, 1000]
 
 
 def schedule(section: dict, d_model: int = 64, max_steps: int = 1000):
-    cfg = config_from_dict({"model": {"d_model": d_model, "encoder": {"heads": 4}, "decoder": {"heads": 4}},
-                            "optim": {"schedule": section}, "train": {"max_steps": max_steps}})
+    cfg = config_from_dict(
+        {
+            "model": {"d_model": d_model, "encoder": {"heads": 4}, "decoder": {"heads": 4}},
+            "optim": {"schedule": section},
+            "train": {"max_steps": max_steps},
+        }
+    )
     return build_schedule(cfg.optim.schedule, cfg.model.d_model, cfg.train.max_steps)
 
 
@@ -22,7 +28,7 @@ def test_inverse_sqrt_warms_up_linearly_then_decays_with_the_inverse_square_root
     for step in STEPS:
         expected = step / 100 if step <= 100 else (100 / step) ** 0.5
         assert s.factor(step) == pytest.approx(expected, rel=1e-12), step
-    assert s.factor(100) == pytest.approx(1.0)                    # the peak is optim.lr at warmup
+    assert s.factor(100) == pytest.approx(1.0)  # the peak is optim.lr at warmup
     assert s.factor(400) == pytest.approx(0.5)
 
 
@@ -30,7 +36,7 @@ def test_noam_matches_vaswani_et_al():
     d_model, warmup = 64, 100
     s = schedule({"type": "noam", "warmup": warmup}, d_model=d_model)
     for step in STEPS:
-        expected = d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+        expected = d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
         assert s.factor(step) == pytest.approx(expected, rel=1e-12), step
     # the peak: 1 / sqrt(d_model * warmup) at the warmup step (docs/config.md)
     assert s.factor(warmup) == pytest.approx(1 / math.sqrt(d_model * warmup))
@@ -42,7 +48,7 @@ def test_linear_decay_reaches_min_factor_at_max_steps():
     for step in STEPS:
         if step < 100:
             expected = step / 100
-        else:   # a straight line from (100, 1.0) to (1000, 0.1)
+        else:  # a straight line from (100, 1.0) to (1000, 0.1)
             expected = 1.0 + (0.1 - 1.0) * (step - 100) / (1000 - 100)
         assert s.factor(step) == pytest.approx(expected, rel=1e-12), step
     assert s.factor(1000) == pytest.approx(0.1) and s.factor(5000) == pytest.approx(0.1)
@@ -68,11 +74,15 @@ def test_trainer_sets_every_group_lr_to_lr_times_scale_times_factor(trained_run,
     factor(k) in each parameter group (the initialised group of a fine-tuning run at its scale)."""
     from conftest import init_from_run, make_trainer, tiny_config
 
-    init_from_run(trained_run, tmp_path / "run")      # reuse its vocabulary (no BPE learning)
-    cfg = tiny_config(toy_dir, tmp_path / "run", data={"cache_dir": str(trained_run / "cache")},
-                      optim={"type": "adam", "lr": 2.0e-3, "schedule": {"type": "inverse_sqrt", "warmup": 4}})
+    init_from_run(trained_run, tmp_path / "run")  # reuse its vocabulary (no BPE learning)
+    cfg = tiny_config(
+        toy_dir,
+        tmp_path / "run",
+        data={"cache_dir": str(trained_run / "cache")},
+        optim={"type": "adam", "lr": 2.0e-3, "schedule": {"type": "inverse_sqrt", "warmup": 4}},
+    )
     trainer = make_trainer(cfg)
-    trainer.optimizer.param_groups[0]["lr_scale"] = 0.25          # as init_lr_scale gives a group
+    trainer.optimizer.param_groups[0]["lr_scale"] = 0.25  # as init_lr_scale gives a group
     batches = iter(trainer.sampler)
     seen = []
     for k in range(1, 7):

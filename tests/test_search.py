@@ -1,5 +1,6 @@
 """Search strategies and length penalties: hand-computed penalties, greedy = beam 1, and every
 hypothesis' score is the forced-decoding log-probability of its tokens divided by its penalty."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,15 +24,18 @@ PENALTIES = {"gnmt_0.6": GNMTPenalty(0.6), "avg": AveragePenalty(), "none": NoPe
 
 
 # ------------------------------------------------------------------------------ length penalties
-@pytest.mark.parametrize("penalty, length, expected", [
-    (GNMTPenalty(1.0), 1, 1.0),                 # (5 + 1) / 6
-    (GNMTPenalty(1.0), 7, 2.0),                 # (5 + 7) / 6
-    (GNMTPenalty(0.6), 7, 2.0 ** 0.6),          # 1.5157…
-    (GNMTPenalty(2.0), 10, 6.25),               # (15 / 6)^2
-    (GNMTPenalty(0.0), 10, 1.0),                # alpha 0: no penalty
-    (AveragePenalty(), 7, 7.0),
-    (NoPenalty(), 7, 1.0),
-])
+@pytest.mark.parametrize(
+    "penalty, length, expected",
+    [
+        (GNMTPenalty(1.0), 1, 1.0),  # (5 + 1) / 6
+        (GNMTPenalty(1.0), 7, 2.0),  # (5 + 7) / 6
+        (GNMTPenalty(0.6), 7, 2.0**0.6),  # 1.5157…
+        (GNMTPenalty(2.0), 10, 6.25),  # (15 / 6)^2
+        (GNMTPenalty(0.0), 10, 1.0),  # alpha 0: no penalty
+        (AveragePenalty(), 7, 7.0),
+        (NoPenalty(), 7, 1.0),
+    ],
+)
 def test_length_penalties_against_hand_computed_values(penalty, length, expected):
     assert float(penalty(torch.tensor(float(length)))) == pytest.approx(expected, rel=1e-6)
 
@@ -105,8 +109,10 @@ def ending_model(seed: int, bias: float = 3.0):
 
 def forced_log_probs(model, sources: list[np.ndarray], targets: list[list[int]], sentences: list[int]) -> list[float]:
     """Teacher-forced log-probability of each target (``<eos>`` appended) given its source."""
-    examples = [Example(src, np.array(tgt, dtype=np.int64), i, 0, n)
-                for i, (src, tgt, n) in enumerate(zip(sources, targets, sentences))]
+    examples = [
+        Example(src, np.array(tgt, dtype=np.int64), i, 0, n)
+        for i, (src, tgt, n) in enumerate(zip(sources, targets, sentences))
+    ]
     batch = collate(examples, np.arange(len(examples)))
     with torch.no_grad():
         lp = full_log_probs(model, batch).gather(2, batch.tgt_out[..., None]).squeeze(2)
@@ -122,8 +128,7 @@ def check_scores_are_forced_scores(search: Search, model, batch, sentences: list
     for (row, h), lp in zip(flat, forced):
         assert EOS_ID not in h.tokens
         assert h.log_prob == pytest.approx(lp, abs=1e-4)
-        assert h.score == pytest.approx(h.log_prob / float(search.penalty(torch.tensor(len(h.tokens) + 1.0))),
-                                        rel=1e-6)
+        assert h.score == pytest.approx(h.log_prob / float(search.penalty(torch.tensor(len(h.tokens) + 1.0))), rel=1e-6)
     for hyps in results:
         assert 1 <= len(hyps) <= search.n_best
         assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
@@ -159,8 +164,10 @@ def test_the_penalty_only_reranks_finished_hypotheses():
     this penalty, than the ones it returned. Raw scores favour the short ones, ``avg`` the long."""
     model = ending_model(seed=9)
     batch = random_batch(SIZES, seed=1)
-    runs = {name: BeamSearch(beam=5, n_best=3, penalty=p, max_len_ratio=1.5, max_len_add=6).search(model, batch)
-            for name, p in PENALTIES.items()}
+    runs = {
+        name: BeamSearch(beam=5, n_best=3, penalty=p, max_len_ratio=1.5, max_len_add=6).search(model, batch)
+        for name, p in PENALTIES.items()
+    }
     for row in range(batch.size):
         pool = {tuple(h.tokens): h.log_prob for hyps in runs.values() for h in hyps[row]}
         for name, penalty in PENALTIES.items():

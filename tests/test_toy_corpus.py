@@ -230,3 +230,21 @@ def test_cli_errors_are_one_line(tmp_path: Path) -> None:
         assert proc.stdout == ""
         assert len(proc.stderr.strip().splitlines()) == 1
         assert "Traceback" not in proc.stderr
+
+
+def test_console_script_and_tools_wrapper_are_one_command(tmp_path: Path) -> None:
+    """`onmt_doc_make_toy_corpus` (installed) and `python tools/make_toy_corpus.py` write the same files."""
+    import shutil
+
+    script = shutil.which("onmt_doc_make_toy_corpus")
+    assert script is not None, "console script not installed: pip install -e ."
+    sizes = ("--train-docs", "20", "--valid-docs", "3", "--test-docs", "5")
+    via_script = subprocess.run(
+        [script, "--out", str(tmp_path / "a"), *sizes], capture_output=True, text=True, timeout=60
+    )
+    assert via_script.returncode == 0, via_script.stderr
+    assert run_tool("--out", str(tmp_path / "b"), *sizes).returncode == 0
+    names = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "b").iterdir()) and "train.src" in names
+    for name in names:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name

@@ -1,4 +1,5 @@
 """The trainer: learning, exact resume, TensorBoard scalars, distributed equivalence."""
+
 from __future__ import annotations
 
 import sys
@@ -25,8 +26,9 @@ def small_corpus(toy: Path, out: Path, lines: int = 120) -> Path:
 def test_tiny_transformer_learns_sentence_level_toy(toy_dir, tmp_path):
     """Bound: after 300 steps (~30 s on 2 cores) validation token accuracy > 90% and ppl < 1.6
     (an untrained model is at ~0% accuracy and ppl ~ vocabulary size)."""
-    cfg = tiny_config(toy_dir, tmp_path / "run",
-                      train={"max_steps": 300, "valid_every": 300, "save_every": 300, "valid_bleu": True})
+    cfg = tiny_config(
+        toy_dir, tmp_path / "run", train={"max_steps": 300, "valid_every": 300, "save_every": 300, "valid_bleu": True}
+    )
     metrics = train(config_from_dict(cfg))
     assert metrics["acc"] > 90.0, metrics
     assert metrics["ppl"] < 1.6, metrics
@@ -48,10 +50,14 @@ def test_resume_equals_straight_run(toy_dir, tmp_path):
     (data position must be restored).
     """
     data = small_corpus(toy_dir, tmp_path / "data")
+
     def cfg(run, steps):
-        c = tiny_config(toy_dir, run, train={"max_steps": steps, "save_every": 6, "valid_every": 6,
-                                             "batch_tokens": 400},
-                        log={"tensorboard": True, "every": 1})
+        c = tiny_config(
+            toy_dir,
+            run,
+            train={"max_steps": steps, "save_every": 6, "valid_every": 6, "batch_tokens": 400},
+            log={"tensorboard": True, "every": 1},
+        )
         c["data"]["train"] = {"src": str(data / "train.src"), "tgt": str(data / "train.tgt")}
         return config_from_dict(c)
 
@@ -60,17 +66,21 @@ def test_resume_equals_straight_run(toy_dir, tmp_path):
     train(cfg(tmp_path / "resumed", 12))
     a = load_checkpoint(str(tmp_path / "straight" / "checkpoints" / "last.pt"))
     b = load_checkpoint(str(tmp_path / "resumed" / "checkpoints" / "last.pt"))
-    assert a["train_state"]["sampler"]["epoch"] >= 2     # the run crossed epochs
+    assert a["train_state"]["sampler"]["epoch"] >= 2  # the run crossed epochs
     for name, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][name]), name
     sa, sb = tb_scalars(tmp_path / "straight"), tb_scalars(tmp_path / "resumed")
-    assert [s for s, _ in sb["train/loss"]] == list(range(1, 13))    # one continuous curve
+    assert [s for s, _ in sb["train/loss"]] == list(range(1, 13))  # one continuous curve
     assert sa["train/loss"] == sb["train/loss"]
 
 
 def test_tensorboard_has_documented_tags(trained_run, toy_dir, tmp_path):
-    cfg = tiny_config(toy_dir, tmp_path / "tb", train={"max_steps": 4, "valid_every": 4, "valid_bleu": True},
-                      log={"tensorboard": True, "every": 2})
+    cfg = tiny_config(
+        toy_dir,
+        tmp_path / "tb",
+        train={"max_steps": 4, "valid_every": 4, "valid_bleu": True},
+        log={"tensorboard": True, "every": 2},
+    )
     train(config_from_dict(cfg))
     tags = set(tb_scalars(tmp_path / "tb"))
     expected = {f"train/{k}" for k in ("loss", "ppl", "acc", "lr", "tok_per_s", "grad_norm")}
@@ -92,19 +102,41 @@ def test_two_gloo_processes_equal_one_process_with_same_global_batch(toy_dir, tm
     per-rank streams are checked by test_two_process_resume_equals_straight_run).
     """
     data = small_corpus(toy_dir, tmp_path / "data", lines=1000)  # no epoch end in 4 steps
+
     def cfg(run, accum):
-        c = tiny_config(toy_dir, run, train={"max_steps": 4, "accum": accum, "batch_tokens": 300,
-                                             "save_every": 4, "valid_every": 100, "threads": 1},
-                        model={"dropout": 0.0}, log={"tensorboard": True, "every": 1})
+        c = tiny_config(
+            toy_dir,
+            run,
+            train={
+                "max_steps": 4,
+                "accum": accum,
+                "batch_tokens": 300,
+                "save_every": 4,
+                "valid_every": 100,
+                "threads": 1,
+            },
+            model={"dropout": 0.0},
+            log={"tensorboard": True, "every": 1},
+        )
         c["data"]["train"] = {"src": str(data / "train.src"), "tgt": str(data / "train.tgt")}
         c["optim"] = {"type": "adam", "lr": 2.0e-3, "schedule": {"type": "inverse_sqrt", "warmup": 100}}
-        assert "max_grad_norm" not in c["train"] and "eps" not in c["optim"]     # the defaults
+        assert "max_grad_norm" not in c["train"] and "eps" not in c["optim"]  # the defaults
         return write_config(c, tmp_path / f"{run.name}.yaml")
 
     one = run_cli(sys.executable, "-m", "onmt_doc.bin.train", "-config", str(cfg(tmp_path / "one", 2)))
     assert one.returncode == 0, one.stderr
-    two = run_cli(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                  "-m", "onmt_doc.bin.train", "-config", str(cfg(tmp_path / "two", 1)))
+    two = run_cli(
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "onmt_doc.bin.train",
+        "-config",
+        str(cfg(tmp_path / "two", 1)),
+    )
     assert two.returncode == 0, two.stderr
     assert "2 process(es)" in two.stderr
     a = load_checkpoint(str(tmp_path / "one" / "checkpoints" / "last.pt"))["model"]
@@ -115,16 +147,18 @@ def test_two_gloo_processes_equal_one_process_with_same_global_batch(toy_dir, tm
     for tag in ("train/loss", "train/grad_norm"):
         assert [s for s, _ in sa[tag]] == [s for s, _ in sb[tag]] == [1, 2, 3, 4], tag
         assert [v for _, v in sa[tag]] == pytest.approx([v for _, v in sb[tag]], rel=1e-6), tag
-    assert max(v for _, v in sa["train/grad_norm"]) > 1.0       # clipping was active
+    assert max(v for _, v in sa["train/grad_norm"]) > 1.0  # clipping was active
 
 
 def test_early_stopping_and_checkpoint_retention(toy_dir, tmp_path):
     """With a zero learning rate the validation loss cannot improve: training stops after
     `early_stopping` validations without improvement; keep_last bounds step_N.pt files."""
-    cfg = tiny_config(toy_dir, tmp_path / "es",
-                      optim={"type": "sgd", "lr": 0.0, "schedule": {"type": "constant", "warmup": 1}},
-                      train={"max_steps": 50, "valid_every": 2, "save_every": 2, "early_stopping": 2,
-                             "keep_last": 2})
+    cfg = tiny_config(
+        toy_dir,
+        tmp_path / "es",
+        optim={"type": "sgd", "lr": 0.0, "schedule": {"type": "constant", "warmup": 1}},
+        train={"max_steps": 50, "valid_every": 2, "save_every": 2, "early_stopping": 2, "keep_last": 2},
+    )
     train(config_from_dict(cfg))
     ckpts = sorted(p.name for p in (tmp_path / "es" / "checkpoints").iterdir())
     # validations at steps 2 (best), 4 (bad 1), 6 (bad 2 -> stop)
@@ -135,12 +169,16 @@ def test_early_stopping_and_checkpoint_retention(toy_dir, tmp_path):
 
 def test_max_epochs_ends_at_the_epoch_boundary_with_a_final_save(toy_dir, tmp_path):
     data = small_corpus(toy_dir, tmp_path / "data", lines=60)
-    cfg = tiny_config(toy_dir, tmp_path / "ep", train={"max_steps": 1000, "max_epochs": 1, "batch_tokens": 300,
-                                                       "save_every": 1000, "valid_every": 1000})
+    cfg = tiny_config(
+        toy_dir,
+        tmp_path / "ep",
+        train={"max_steps": 1000, "max_epochs": 1, "batch_tokens": 300, "save_every": 1000, "valid_every": 1000},
+    )
     cfg["data"]["train"] = {"src": str(data / "train.src"), "tgt": str(data / "train.tgt")}
     c = config_from_dict(cfg)
     from onmt_doc.train.distributed import DistContext
     from onmt_doc.train.trainer import Trainer
+
     trainer = Trainer(c, DistContext())
     per_epoch = len(trainer.sampler.epoch_batches(0))
     trainer.train()
@@ -152,14 +190,27 @@ def test_max_epochs_ends_at_the_epoch_boundary_with_a_final_save(toy_dir, tmp_pa
 def test_two_process_resume_equals_straight_run(toy_dir, tmp_path):
     """Under torchrun with dropout on, each rank's RNG stream is saved and restored."""
     data = small_corpus(toy_dir, tmp_path / "data", lines=1000)
+
     def cfg(run, steps):
-        c = tiny_config(toy_dir, run, train={"max_steps": steps, "batch_tokens": 300, "save_every": 2,
-                                             "valid_every": 100, "threads": 1})
+        c = tiny_config(
+            toy_dir,
+            run,
+            train={"max_steps": steps, "batch_tokens": 300, "save_every": 2, "valid_every": 100, "threads": 1},
+        )
         c["data"]["train"] = {"src": str(data / "train.src"), "tgt": str(data / "train.tgt")}
         return str(write_config(c, tmp_path / f"{run.name}_{steps}.yaml"))
 
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                "-m", "onmt_doc.bin.train", "-config"]
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "onmt_doc.bin.train",
+        "-config",
+    ]
     for run, steps in (("straight", 4), ("resumed", 2), ("resumed", 4)):
         proc = run_cli(*torchrun, cfg(tmp_path / run, steps))
         assert proc.returncode == 0, proc.stderr
@@ -173,6 +224,7 @@ def test_two_process_resume_equals_straight_run(toy_dir, tmp_path):
 def _fast_trainer(trained_run, toy_dir, run: Path, **sections):
     """A Trainer reusing trained_run's vocabulary and binarized cache (no BPE learning)."""
     from conftest import init_from_run, make_trainer
+
     init_from_run(trained_run, run)
     cfg = tiny_config(toy_dir, run, data={"cache_dir": str(trained_run / "cache")}, **sections)
     return make_trainer(cfg)
@@ -182,12 +234,13 @@ def test_gradient_clipping_scales_the_norm_to_max_grad_norm(trained_run, toy_dir
     """The gradients the optimizer sees have total norm max_grad_norm when the norm exceeds it
     (norm computed here over all parameters); the logged grad_norm is the norm before clipping;
     max_grad_norm 0 leaves the gradients alone."""
+
     def norms_at_step(max_norm: float, run: str):
         trainer = _fast_trainer(trained_run, toy_dir, tmp_path / run, train={"max_grad_norm": max_norm})
         seen = []
         step = trainer.optimizer.step
 
-        def recording_step(*args, **kwargs):      # the real step; notes the gradients it gets
+        def recording_step(*args, **kwargs):  # the real step; notes the gradients it gets
             grads = [p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None]
             seen.append(float(torch.linalg.vector_norm(torch.cat(grads).double())))
             return step(*args, **kwargs)
@@ -198,24 +251,28 @@ def test_gradient_clipping_scales_the_norm_to_max_grad_norm(trained_run, toy_dir
         return seen[0], logged
 
     applied, logged = norms_at_step(0.05, "clip")
-    assert logged > 0.05 * 2                                     # clipping had to act
+    assert logged > 0.05 * 2  # clipping had to act
     assert applied == pytest.approx(0.05, rel=1e-4)
     applied_free, logged_free = norms_at_step(0.0, "free")
     assert applied_free == pytest.approx(logged_free, rel=1e-4) and logged_free == pytest.approx(logged, rel=1e-4)
 
 
-def test_bf16_mixed_precision_on_cpu_trains_and_fp16_falls_back(trained_run, toy_dir, tmp_path,
-                                                                warnings_of_onmt_doc):
-    trainer = _fast_trainer(trained_run, toy_dir, tmp_path / "bf16", train={"amp": "bf16"},
-                            optim={"type": "adam", "lr": 2.0e-3, "schedule": {"type": "constant", "warmup": 1}})
+def test_bf16_mixed_precision_on_cpu_trains_and_fp16_falls_back(trained_run, toy_dir, tmp_path, warnings_of_onmt_doc):
+    trainer = _fast_trainer(
+        trained_run,
+        toy_dir,
+        tmp_path / "bf16",
+        train={"amp": "bf16"},
+        optim={"type": "adam", "lr": 2.0e-3, "schedule": {"type": "constant", "warmup": 1}},
+    )
     assert trainer.amp_dtype == torch.bfloat16
     dtypes = []
     trainer.model.generator.register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
     batch = next(iter(trainer.sampler))
     losses = [trainer.train_step([batch])["loss"] for _ in range(12)]
-    assert dtypes and set(dtypes) == {torch.bfloat16}               # the forward really ran in bf16
-    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())   # master weights fp32
-    assert losses[-1] < 0.8 * losses[0], losses                    # it learns (memorises the batch)
+    assert dtypes and set(dtypes) == {torch.bfloat16}  # the forward really ran in bf16
+    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())  # master weights fp32
+    assert losses[-1] < 0.8 * losses[0], losses  # it learns (memorises the batch)
     fp16 = _fast_trainer(trained_run, toy_dir, tmp_path / "fp16", train={"amp": "fp16"})
     assert fp16.amp_dtype is None and fp16.scaler is None
     assert any("train.amp=fp16" in r.getMessage() for r in warnings_of_onmt_doc.records)

@@ -3,6 +3,7 @@
 Random-weight d=32 models (tests/model_helpers.py) stand in for trained ones: what is tested is the
 bookkeeping around decoding (files, lines, documents, limits), not translation quality.
 """
+
 from __future__ import annotations
 
 import random
@@ -27,12 +28,18 @@ TRANSLATE = module_cmd("onmt_doc.bin.translate")
 LAYERS = {"layers": 1, "heads": 4, "ff": 64}
 TRANSFORMER = {"encoder": {"type": "transformer", **LAYERS}, "decoder": {"type": "transformer", **LAYERS}}
 HM_GDC = {"encoder": {"type": "hierarchical", **LAYERS, "doc_layers": 1}, "decoder": {"type": "doc_context", **LAYERS}}
-G_TRANSFORMER = {"encoder": {"type": "g_transformer", "layers": 2, "heads": 4, "ff": 64, "global_layers": 1},
-                 "decoder": {"type": "g_transformer", "layers": 2, "heads": 4, "ff": 64, "global_layers": 1}}
+G_TRANSFORMER = {
+    "encoder": {"type": "g_transformer", "layers": 2, "heads": 4, "ff": 64, "global_layers": 1},
+    "decoder": {"type": "g_transformer", "layers": 2, "heads": 4, "ff": 64, "global_layers": 1},
+}
 DECODERS = {
-    "transformer": TRANSFORMER, "hm_gdc": HM_GDC, "g_transformer": G_TRANSFORMER,
-    "gated": {"encoder": TRANSFORMER["encoder"], "decoder": {"type": "gated_transformer", "layers": 2, "heads": 4,
-                                                            "ff": 64}},
+    "transformer": TRANSFORMER,
+    "hm_gdc": HM_GDC,
+    "g_transformer": G_TRANSFORMER,
+    "gated": {
+        "encoder": TRANSFORMER["encoder"],
+        "decoder": {"type": "gated_transformer", "layers": 2, "heads": 4, "ff": 64},
+    },
     "mhplstm": {"encoder": TRANSFORMER["encoder"], "decoder": {"type": "mhplstm", "layers": 2, "heads": 4, "ff": 64}},
     "reformer": {"encoder": {"type": "embedding"}, "decoder": {"type": "reformer", "layers": 2, "heads": 4, "ff": 64}},
 }
@@ -50,8 +57,9 @@ def translator(model_section: dict, end_bias: float = 0.0, **sections) -> Transl
 def save_random(path: Path, model_section: dict, **sections) -> Path:
     """A checkpoint of a random model, as onmt_doc_translate reads it."""
     model, codec = random_model(model_section)
-    cfg = config_from_dict({"model": {"d_model": 32, "dropout": 0.0, "attention_dropout": 0.0, **model_section},
-                            **sections})
+    cfg = config_from_dict(
+        {"model": {"d_model": 32, "dropout": 0.0, "attention_dropout": 0.0, **model_section}, **sections}
+    )
     save_checkpoint({"config": config_to_dict(cfg), "codec": codec.to_dict(), "model": model.state_dict()}, str(path))
     return path
 
@@ -76,6 +84,7 @@ def ckpt(tmp_path_factory) -> Path:
 
 # ---------------------------------------------------------------- output files
 
+
 def test_output_that_is_an_input_is_refused(ckpt, tmp_path):
     src, ref = tmp_path / "in.src", tmp_path / "in.ref"
     src.write_text("w1 w2\nw3\n")
@@ -83,10 +92,12 @@ def test_output_that_is_an_input_is_refused(ckpt, tmp_path):
     link = tmp_path / "link.txt"
     link.symlink_to(src)
     model_bytes = ckpt.read_bytes()
-    for flags, output, named in ((["-src", str(src)], src, "-src"),
-                                 (["-src", str(src), "-tgt", str(ref)], ref, "-tgt"),
-                                 (["-src", str(src)], ckpt, "-model"),
-                                 (["-src", str(src)], link, "-src")):
+    for flags, output, named in (
+        (["-src", str(src)], src, "-src"),
+        (["-src", str(src), "-tgt", str(ref)], ref, "-tgt"),
+        (["-src", str(src)], ckpt, "-model"),
+        (["-src", str(src)], link, "-src"),
+    ):
         proc = run_cli(*TRANSLATE, "-model", str(ckpt), *flags, "-output", str(output))
         one_line_error(proc, str(output), named)
     assert src.read_text() == "w1 w2\nw3\n" and ref.read_text() == "w4 w5\nw6\n"
@@ -98,22 +109,21 @@ def test_failed_run_leaves_existing_output_untouched(ckpt, tmp_path):
     src.write_bytes(b"w1 w2\nw3\n\xff\xfe broken\n")
     out = tmp_path / "out.txt"
     out.write_text("an earlier translation\n")
-    one_line_error(run_cli(*TRANSLATE, "-model", str(ckpt), "-src", str(src), "-output", str(out)),
-                   "in.src:3", "UTF-8")
+    one_line_error(run_cli(*TRANSLATE, "-model", str(ckpt), "-src", str(src), "-output", str(out)), "in.src:3", "UTF-8")
     assert out.read_text() == "an earlier translation\n"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.src", "out.txt"]   # no temporary left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.src", "out.txt"]  # no temporary left
 
 
 # ---------------------------------------------------------------- lines and documents
 
+
 def test_line_ends_other_than_lf_and_crlf_are_refused(ckpt, tmp_path):
     cr = tmp_path / "cr.src"
-    cr.write_bytes(b"w1 w2\rw3\rw4 w5\rw6\rw7\rw8\r")        # six sentences, old Mac line ends
+    cr.write_bytes(b"w1 w2\rw3\rw4 w5\rw6\rw7\rw8\r")  # six sentences, old Mac line ends
     out = tmp_path / "out.txt"
-    one_line_error(run_cli(*TRANSLATE, "-model", str(ckpt), "-src", str(cr), "-output", str(out)),
-                   "cr.src:1", "CR")
+    one_line_error(run_cli(*TRANSLATE, "-model", str(ckpt), "-src", str(cr), "-output", str(out)), "cr.src:1", "CR")
     assert not out.exists()
-    for char in ("\u2028", "\u2029", "\x85", "\x0b", "\x0c"):   # the same rule for training data
+    for char in ("\u2028", "\u2029", "\x85", "\x0b", "\x0c"):  # the same rule for training data
         path = tmp_path / "other.src"
         path.write_text(f"w1 w2\nw3{char}w4\n", encoding="utf-8")
         with pytest.raises(DataError, match="other.src:2: column 3"):
@@ -136,6 +146,7 @@ def test_whitespace_only_line_is_a_document_break_and_is_reported(ckpt, tmp_path
 
 
 # ---------------------------------------------------------------- what an output line can be
+
 
 @pytest.mark.parametrize("name", list(DECODERS))
 def test_non_empty_source_never_gives_an_empty_line(name):
@@ -173,21 +184,22 @@ def test_repaired_sentence_counts_are_counted_and_never_empty():
 
 # ---------------------------------------------------------------- bounded work
 
+
 def test_absolute_output_cap():
     assert LengthLimit(1.5, 10, 250)(torch.tensor([4, 10_000])).tolist() == [16, 250]
-    assert LengthLimit(0.01, 0, 250)(torch.tensor([3])).tolist() == [1]          # never below one word
+    assert LengthLimit(0.01, 0, 250)(torch.tensor([3])).tolist() == [1]  # never below one word
 
 
 def test_long_line_is_split_at_word_boundaries_and_bounded():
     joiner = "\uffed"
     tokens = ["a", "b" + joiner, "c", "d" + joiner, "e", "f"]
-    assert piece_spans(tokens, 4, sentencepiece=False) == [(0, 3), (3, 6)]      # not inside "d￭e"
+    assert piece_spans(tokens, 4, sentencepiece=False) == [(0, 3), (3, 6)]  # not inside "d￭e"
     assert piece_spans(["\u2581a", "b", "c", "\u2581d", "e"], 4, sentencepiece=True) == [(0, 3), (3, 5)]
     t = translator(TRANSFORMER, translate={"beam": 2, "max_input_tokens": 50, "max_length": 8})
     line = " ".join(sentences(1, words=(1000, 1000))[0].split())
     out = t.translate_documents([[line, "w1 w2"]])[0]
     assert len(out) == 2 and all(out) and t.stats.lines_split == 1
-    assert 20 <= len(out[0].split()) <= 20 * 7          # 20 pieces of at most max_length - 1 words
+    assert 20 <= len(out[0].split()) <= 20 * 7  # 20 pieces of at most max_length - 1 words
 
 
 def test_long_documents_are_translated_in_windows():
@@ -202,7 +214,7 @@ def test_long_documents_are_translated_in_windows():
     assert [w.first for w in windows] == sorted(w.first for w in windows)
     assert sum(w.n_sents for w in windows) == 120
     assert [w.n_sents for w in translator(HM_GDC, translate={"window_sentences": 7})._instances(tok_docs)][:2] == [7, 7]
-    training, _ = build_instances("context", tok_docs, 64)                     # training: unchanged
+    training, _ = build_instances("context", tok_docs, 64)  # training: unchanged
     assert len(training) == 1 and training[0].n_sents == 120
     out = t.translate_documents([doc])[0]
     assert len(out) == 120 and all(out)
@@ -211,11 +223,18 @@ def test_long_documents_are_translated_in_windows():
 def test_bad_limits_are_refused(ckpt, tmp_path):
     src = tmp_path / "in.src"
     src.write_text("w1 " * 40 + "\n")
-    for flag, value in (("-batch_size", "-3"), ("-length_penalty", "-50"), ("-max_length", "0"),
-                        ("-max_input_tokens", "0")):
+    for flag, value in (
+        ("-batch_size", "-3"),
+        ("-length_penalty", "-50"),
+        ("-max_length", "0"),
+        ("-max_input_tokens", "0"),
+    ):
         one_line_error(run_cli(*TRANSLATE, "-model", str(ckpt), "-src", str(src), flag, value), flag)
-    one_line_error(run_cli(*TRANSLATE, "-model", str(ckpt), "-src", str(src), "-max_line_chars", "10"),
-                   "in.src:1", "max_line_chars=10")
+    one_line_error(
+        run_cli(*TRANSLATE, "-model", str(ckpt), "-src", str(src), "-max_line_chars", "10"),
+        "in.src:1",
+        "max_line_chars=10",
+    )
     for key, value in (("length_penalty", -50), ("batch_sentences", -3), ("max_length", 0)):
         with pytest.raises(ConfigError, match=f"translate.{key}"):
             config_from_dict({"translate": {key: value}})

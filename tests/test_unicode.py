@@ -4,6 +4,7 @@ The toy corpus is pure ASCII, so a variant is made here: a few nouns of both sid
 word for word, by non-ASCII words. Subword learning, the vocabulary, the binarized cache,
 training, translation and the output file must keep every code point (no normalisation: the
 combining marks stay decomposed)."""
+
 from __future__ import annotations
 
 import unicodedata
@@ -32,9 +33,9 @@ def write_variant(toy: Path, out: Path, split: str, lines: int) -> None:
 
 def test_variant_really_has_the_hard_cases():
     text = "".join(TGT_MAP.values()) + "".join(SRC_MAP.values())
-    assert unicodedata.normalize("NFC", "bau\u0308m") != "bau\u0308m"          # decomposed marks
+    assert unicodedata.normalize("NFC", "bau\u0308m") != "bau\u0308m"  # decomposed marks
     assert any(unicodedata.combining(c) for c in text)
-    assert any(ord(c) > 0xFFFF for c in text)                                   # outside the BMP
+    assert any(ord(c) > 0xFFFF for c in text)  # outside the BMP
     assert any(unicodedata.name(c).startswith("CJK") for c in text) and "\u200d" in text
 
 
@@ -46,8 +47,9 @@ def unicode_run(toy_dir, tmp_path_factory):
     base = tmp_path_factory.mktemp("unicode")
     write_variant(toy_dir, base / "data", "train", 1500)
     write_variant(toy_dir, base / "data", "test", 400)
-    cfg = tiny_config(toy_dir, base / "run", vocab={"size": 400},
-                      train={"max_steps": 150, "save_every": 150, "valid_every": 1000})
+    cfg = tiny_config(
+        toy_dir, base / "run", vocab={"size": 400}, train={"max_steps": 150, "save_every": 150, "valid_every": 1000}
+    )
     cfg["data"] = {"train": {"src": str(base / "data" / "train.src"), "tgt": str(base / "data" / "train.tgt")}}
     cfg["optim"]["lr"] = 3.0e-3
     train(config_from_dict(cfg))
@@ -62,8 +64,8 @@ def test_vocabulary_and_subwords_keep_every_code_point(unicode_run):
     lines = [line for line in lines if line][:500]
     assert sum(any(w in line for w in TGT_MAP.values()) for line in lines) > 100
     for line, ids in zip(lines, codec.encode(lines, "tgt")):
-        assert 1 not in ids.tolist(), line                      # no <unk> (id 1) for seen text
-        assert codec.decode(list(ids)) == line                  # text -> ids -> text is exact
+        assert 1 not in ids.tolist(), line  # no <unk> (id 1) for seen text
+        assert codec.decode(list(ids)) == line  # text -> ids -> text is exact
     vocab_text = (unicode_run / "run" / "vocab.txt").read_text(encoding="utf-8")
     for cp in ("ü", "猫", "🐦", "\u0308", "\u200d"):
         assert cp in vocab_text, repr(cp)
@@ -72,8 +74,15 @@ def test_vocabulary_and_subwords_keep_every_code_point(unicode_run):
 def test_trained_model_translates_non_ascii_words_and_the_output_round_trips(unicode_run):
     src = unicode_run / "data" / "test.src"
     out = unicode_run / "test.hyp"
-    proc = run_cli(*module_cmd("onmt_doc.bin.translate"), "-model",
-                   str(unicode_run / "run" / "checkpoints" / "last.pt"), "-src", str(src), "-output", str(out))
+    proc = run_cli(
+        *module_cmd("onmt_doc.bin.translate"),
+        "-model",
+        str(unicode_run / "run" / "checkpoints" / "last.pt"),
+        "-src",
+        str(src),
+        "-output",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr
     src_lines = src.read_text(encoding="utf-8").split("\n")[:-1]
     hyp_lines = out.read_bytes().decode("utf-8", errors="strict").split("\n")[:-1]

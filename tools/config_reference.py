@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """Regenerate the key tables of docs/config.md from the config dataclasses' help metadata.
 
-  python tools/config_reference.py           # rewrite docs/config.md's generated tables
-  python tools/config_reference.py --check   # exit 1 when they are out of date
+python tools/config_reference.py           # rewrite docs/config.md's generated tables
+python tools/config_reference.py --check   # exit 1 when they are out of date
 """
+
 from __future__ import annotations
 
 import sys

@@ -4,6 +4,7 @@ the code is in ``onmt_doc/bin/gate_analysis.py``.
 
 Kept so the commands of older docs work; needs the package installed (``pip install -e .``).
 """
+
 from onmt_doc.bin.gate_analysis import main
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ sentence-level Transformer of config_examples/quickstart.yaml on it, translates 
 prints BLEU, chrF, d-BLEU and the accuracy on the context-dependent pronouns (which a sentence-level
 model can only guess: about 1/3). Takes about 2 minutes on 2 CPU cores.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _main(argv=None) -> int:
-    p = ArgumentParser(prog="quickstart.py", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog="quickstart.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/quickstart", help="run folder (corpus in OUT/data)")
     p.add_argument("--steps", type=int, default=600, help="training steps")
     # smaller corpora make a quick smoke run (the tests use them); the defaults are the documented corpus
@@ -45,22 +45,33 @@ def _main(argv=None) -> int:
     write_corpus(data, seed=1, train_docs=args.train_docs, valid_docs=args.eval_docs, test_docs=args.eval_docs)
     print(f"== toy corpus written to {data}", file=sys.stderr)
     config = os.path.join(REPO, "config_examples", "quickstart.yaml")
-    overrides = [f"data.{split}.{side}={data}/{split}.{ext}" for split in ("train", "valid")
-                 for side, ext in (("src", "src"), ("tgt", "tgt"))]
-    overrides += [f"log.dir={args.out}", f"train.max_steps={args.steps}",
-                  f"train.valid_every={args.steps}", f"train.save_every={args.steps}"]
+    overrides = [
+        f"data.{split}.{side}={data}/{split}.{ext}"
+        for split in ("train", "valid")
+        for side, ext in (("src", "src"), ("tgt", "tgt"))
+    ]
+    overrides += [
+        f"log.dir={args.out}",
+        f"train.max_steps={args.steps}",
+        f"train.valid_every={args.steps}",
+        f"train.save_every={args.steps}",
+    ]
     print(f"== onmt_doc_train -config {config} {' '.join(overrides)}", file=sys.stderr)
     if train.main(["-config", config, *overrides]):
         return 1
     hyp = os.path.join(args.out, "test.hyp")
     ckpt = os.path.join(args.out, "checkpoints", "last.pt")
-    print(f"== onmt_doc_translate -model {ckpt} -src {data}/test.src -tgt {data}/test.tgt -output {hyp}",
-          file=sys.stderr)
+    print(
+        f"== onmt_doc_translate -model {ckpt} -src {data}/test.src -tgt {data}/test.tgt -output {hyp}", file=sys.stderr
+    )
     if translate.main(["-model", ckpt, "-src", f"{data}/test.src", "-tgt", f"{data}/test.tgt", "-output", hyp]):
         return 1
     ctx = score_context(hyp, os.path.join(data, "test.ctx"))
-    print(f"context-dependent pronoun accuracy: {100 * ctx['accuracy']:.1f}% ({ctx['correct']}/{ctx['total']}); "
-          f"a sentence-level model can only guess (~33%)", file=sys.stderr)
+    print(
+        f"context-dependent pronoun accuracy: {100 * ctx['accuracy']:.1f}% ({ctx['correct']}/{ctx['total']}); "
+        f"a sentence-level model can only guess (~33%)",
+        file=sys.stderr,
+    )
     return 0
 
 

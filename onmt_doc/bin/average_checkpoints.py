@@ -1,8 +1,9 @@
 """Average the weights of several checkpoints of one run (Vaswani et al., 2017, sec. 6.1).
 
-  onmt_doc_average_checkpoints -models runs/x/checkpoints/step_*.pt -output avg.pt
-  onmt_doc_average_checkpoints -run_dir runs/x -last 5 -output avg.pt
+onmt_doc_average_checkpoints -models runs/x/checkpoints/step_*.pt -output avg.pt
+onmt_doc_average_checkpoints -run_dir runs/x -last 5 -output avg.pt
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,8 +19,9 @@ from onmt_doc.models.checkpoint import average_checkpoints, save_checkpoint
 
 
 def _main(argv=None) -> int:
-    p = ArgumentParser(prog="onmt_doc_average_checkpoints", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(
+        prog="onmt_doc_average_checkpoints", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("-models", "--models", nargs="+", help="checkpoints to average")
     p.add_argument("-run_dir", "--run_dir", help="a run folder: average its last -last step_N.pt files")
     p.add_argument("-last", "--last", type=int, default=5)
@@ -31,7 +33,7 @@ def _main(argv=None) -> int:
     if args.run_dir:
         found = glob.glob(os.path.join(args.run_dir, "checkpoints", "step_*.pt"))
         found.sort(key=lambda x: int(re.search(r"step_(\d+)\.pt$", x).group(1)))
-        paths += found[-args.last:]
+        paths += found[-args.last :]
     if not paths:
         raise UserError("give -models or a -run_dir with step_N.pt checkpoints")
     save_checkpoint(average_checkpoints(paths), args.output)

@@ -10,6 +10,7 @@ normaliser, so one table serves both. The last line is the share of the corpus's
 with z* = 1 under ``-normaliser`` (default: the config's ``pmi_gate_hinge`` loss, else ``shared``):
 what the regulariser will push the gates towards.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,13 +24,18 @@ from onmt_doc.errors import UserError
 
 
 def _main(argv=None) -> int:
-    p = ArgumentParser(prog="onmt_doc_build_pmi_table", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(
+        prog="onmt_doc_build_pmi_table", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("-src", "--src", help="source side of the training corpus (default: data.train.src)")
     p.add_argument("-tgt", "--tgt", help="target side (default: data.train.tgt)")
     p.add_argument("-output", "--output", required=True, help="table file to write (.npz)")
-    p.add_argument("-normaliser", "--normaliser", choices=["shared", "per_scenario"],
-                   help="Z of eq. 6 for the z* summary (default: the config's pmi_gate_hinge loss, else shared)")
+    p.add_argument(
+        "-normaliser",
+        "--normaliser",
+        choices=["shared", "per_scenario"],
+        help="Z of eq. 6 for the z* summary (default: the config's pmi_gate_hinge loss, else shared)",
+    )
     add_config_args(p)
     args = p.parse_args(argv)
 
@@ -48,15 +54,21 @@ def _main(argv=None) -> int:
             raise UserError(f"{flag}: {path}: file not found")
     codec = load_codec(cfg, cfg.log.dir) or build_codec(cfg, cfg.log.dir)
     start = time.time()
-    normaliser = args.normaliser or next((getattr(c, "normaliser") for c in cfg.loss
-                                          if c.type == "pmi_gate_hinge"), "shared")
+    normaliser = args.normaliser or next(
+        (getattr(c, "normaliser") for c in cfg.loss if c.type == "pmi_gate_hinge"), "shared"
+    )
     table = build_table(src, tgt, codec, cfg.data.documents, cfg.data.max_line_chars, normaliser)
     table.save(args.output)
-    print(f"{table.n_pairs} sentence pairs: {len(table.bi_keys)} bilingual and {len(table.mono_keys)} "
-          f"monolingual type pairs, written to {args.output} in {time.time() - start:.1f} s", file=sys.stderr)
+    print(
+        f"{table.n_pairs} sentence pairs: {len(table.bi_keys)} bilingual and {len(table.mono_keys)} "
+        f"monolingual type pairs, written to {args.output} in {time.time() - start:.1f} s",
+        file=sys.stderr,
+    )
     ones, total = z_star_share(table, tokenized_pairs(src, tgt, codec, cfg.data.documents, cfg.data.max_line_chars))
-    print(f"z* = 1 for {100.0 * ones / max(total, 1):.1f}% of {total:,} target tokens ({normaliser} normaliser)",
-          file=sys.stderr)
+    print(
+        f"z* = 1 for {100.0 * ones / max(total, 1):.1f}% of {total:,} target tokens ({normaliser} normaliser)",
+        file=sys.stderr,
+    )
     return 0
 
 

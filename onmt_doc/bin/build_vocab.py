@@ -1,4 +1,5 @@
 """onmt_doc_build_vocab -config X.yaml [key.path=value ...]: learn subwords and vocabularies."""
+
 from __future__ import annotations
 
 import logging
@@ -18,10 +19,14 @@ def _main(argv: Optional[list[str]]) -> int:
     setup_logging()
     cfg = load_config(args.config, args.overrides)
     codec = build_codec(cfg, cfg.log.dir)
-    sizes = (f"{len(codec.src_vocab)} shared entries" if codec.shared
-             else f"{len(codec.src_vocab)} source / {len(codec.tgt_vocab)} target entries")
-    logging.getLogger("onmt_doc").info("%s model (%s) and vocabulary (%s) written to %s",
-                                       cfg.vocab.subword, cfg.vocab.size, sizes, cfg.log.dir)
+    sizes = (
+        f"{len(codec.src_vocab)} shared entries"
+        if codec.shared
+        else f"{len(codec.src_vocab)} source / {len(codec.tgt_vocab)} target entries"
+    )
+    logging.getLogger("onmt_doc").info(
+        "%s model (%s) and vocabulary (%s) written to %s", cfg.vocab.subword, cfg.vocab.size, sizes, cfg.log.dir
+    )
     return 0
 
 

@@ -1,4 +1,5 @@
 """What every command shares: the error contract and the ``-config`` + overrides arguments."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,7 +18,7 @@ def run(main: Callable[[Optional[list[str]]], int], argv: Optional[list[str]] = 
     except UserError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt as e:   # Ctrl-C, or a training stopped by SIGTERM/SIGINT (exit_status)
+    except KeyboardInterrupt as e:  # Ctrl-C, or a training stopped by SIGTERM/SIGINT (exit_status)
         print(f"{prog}: interrupted", file=sys.stderr)
         return getattr(e, "exit_status", 130)
     except BrokenPipeError:  # output piped into e.g. `head`
@@ -26,8 +27,12 @@ def run(main: Callable[[Optional[list[str]]], int], argv: Optional[list[str]] = 
 
 def add_config_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
     parser.add_argument("-config", "--config", required=required, help="YAML config file")
-    parser.add_argument("overrides", nargs="*", metavar="key.path=value",
-                        help="dotted overrides, e.g. train.max_steps=200 loss.0.smoothing=0.2")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key.path=value",
+        help="dotted overrides, e.g. train.max_steps=200 loss.0.smoothing=0.2",
+    )
 
 
 class ArgumentParser(argparse.ArgumentParser):

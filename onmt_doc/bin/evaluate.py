@@ -9,6 +9,7 @@ Candidates are scored by forced decoding in context through the code path of
 ``onmt_doc_translate -score``. Prints a table on stdout; -json writes every number; -tensorboard
 DIR logs them as scalars. docs/evaluation.md explains the formats and the metrics.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,12 +30,24 @@ def _parser() -> ArgumentParser:
     s.add_argument("-format", "--format", default="auto", choices=("auto", "json", "tsv"))
     s.add_argument("-context_src", "--context_src", help="JSON suites: source context file")
     s.add_argument("-context_tgt", "--context_tgt", help="JSON suites: target context file")
-    s.add_argument("-context_lines", "--context_lines", type=int, default=1,
-                   help="lines of the context files per item (default 1)")
-    s.add_argument("-max_context", "--max_context", type=int, default=0,
-                   help="at most this many preceding sentences (0 = all the suite gives that the model's window holds)")
-    s.add_argument("-ablation", "--ablation", nargs="+", default=["none"], choices=("none", "remove", "shuffle"),
-                   help="context as given (none), removed, or shuffled from another document; several allowed")
+    s.add_argument(
+        "-context_lines", "--context_lines", type=int, default=1, help="lines of the context files per item (default 1)"
+    )
+    s.add_argument(
+        "-max_context",
+        "--max_context",
+        type=int,
+        default=0,
+        help="at most this many preceding sentences (0 = all the suite gives that the model's window holds)",
+    )
+    s.add_argument(
+        "-ablation",
+        "--ablation",
+        nargs="+",
+        default=["none"],
+        choices=("none", "remove", "shuffle"),
+        help="context as given (none), removed, or shuffled from another document; several allowed",
+    )
     s.add_argument("-seed", "--seed", type=int, default=1, help="seed of the shuffle ablation")
     s.add_argument("-item_scores", "--item_scores", help="write every item's scores (JSON Lines)")
     s.add_argument("-batch_tokens", "--batch_tokens", type=int)
@@ -93,8 +106,10 @@ def contrastive_results(args) -> dict:
             items = read_suite(args.suite, args.format, args.context_src, args.context_tgt, args.context_lines)
             results[mode] = evaluate_suite(translator, ablate(items, mode, args.seed), args.max_context, scores_out)
             results[mode]["seconds"] = round(time.time() - start, 2)
-            print(f"scored {results[mode]['total']} items (context {mode}) in {results[mode]['seconds']:.1f}s",
-                  file=sys.stderr)
+            print(
+                f"scored {results[mode]['total']} items (context {mode}) in {results[mode]['seconds']:.1f}s",
+                file=sys.stderr,
+            )
     finally:
         if scores_out:
             scores_out.close()
@@ -121,8 +136,10 @@ def format_translation(m: dict) -> str:
     parts.append(f"pronouns {p['accuracy']:.1f}% ({p['correct']}/{p['total']})")
     if "consistency" in m:
         c, r = m["consistency"], m["consistency_reference"]
-        parts.append(f"consistency {c['consistency']:.1f}% of {c['repeated_terms']} repeated terms "
-                     f"(reference {r['consistency']:.1f}%)")
+        parts.append(
+            f"consistency {c['consistency']:.1f}% of {c['repeated_terms']} repeated terms "
+            f"(reference {r['consistency']:.1f}%)"
+        )
     return " | ".join(parts)
 
 

@@ -9,6 +9,7 @@ The table must be built with the checkpoint's vocabularies (onmt_doc_build_pmi_t
 ``-normaliser`` (default: the checkpoint's ``pmi_gate_hinge`` loss, else ``shared``), reported as
 ``normaliser`` in the output.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,14 +22,19 @@ from onmt_doc.errors import UserError
 
 
 def _main(argv=None) -> int:
-    p = ArgumentParser(prog="onmt_doc_gate_analysis", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(
+        prog="onmt_doc_gate_analysis", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("-model", "--model", required=True, help="checkpoint")
     p.add_argument("-src", "--src", required=True)
     p.add_argument("-tgt", "--tgt", required=True)
     p.add_argument("-table", "--table", required=True, help="PMI table (onmt_doc_build_pmi_table)")
-    p.add_argument("-normaliser", "--normaliser", choices=["shared", "per_scenario"],
-                   help="Z of eq. 6 for z* (default: the checkpoint's pmi_gate_hinge loss, else shared)")
+    p.add_argument(
+        "-normaliser",
+        "--normaliser",
+        choices=["shared", "per_scenario"],
+        help="Z of eq. 6 for z* (default: the checkpoint's pmi_gate_hinge loss, else shared)",
+    )
     p.add_argument("-output", "--output", help="also write the numbers as JSON here")
     p.add_argument("-batch_tokens", "--batch_tokens", type=int, default=4096)
     p.add_argument("-threads", "--threads", type=int, default=0, help="CPU threads (0 = torch's default)")
@@ -48,13 +54,17 @@ def _main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     model, cfg, codec = load_model(args.model)
-    normaliser = args.normaliser or next((getattr(c, "normaliser") for c in cfg.loss
-                                          if c.type == "pmi_gate_hinge"), "shared")
+    normaliser = args.normaliser or next(
+        (getattr(c, "normaliser") for c in cfg.loss if c.type == "pmi_gate_hinge"), "shared"
+    )
     table = PMITable.load(args.table, codec, normaliser)
     result = analyse_gates(model, codec, cfg, args.src, args.tgt, table, args.batch_tokens)
     for key, value in result.items():
-        shown = [round(v, 4) for v in value] if isinstance(value, list) else (
-            f"{value:.4f}" if isinstance(value, float) else value)
+        shown = (
+            [round(v, 4) for v in value]
+            if isinstance(value, list)
+            else (f"{value:.4f}" if isinstance(value, float) else value)
+        )
         print(f"{key}\t{shown}")
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:

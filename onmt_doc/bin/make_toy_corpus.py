@@ -66,9 +66,7 @@ def _score_parser() -> _Parser:
     )
     p.add_argument("--hyp", required=True, type=Path, help="hypothesis file")
     p.add_argument("--ctx", required=True, type=Path, help="the split's .ctx file")
-    p.add_argument(
-        "--ref", type=Path, default=None, help="reference .tgt (default: CTX with suffix .tgt)"
-    )
+    p.add_argument("--ref", type=Path, default=None, help="reference .tgt (default: CTX with suffix .tgt)")
     return p
 
 
@@ -78,10 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         if args_in and args_in[0] == "score":
             args = _score_parser().parse_args(args_in[1:])
             result = score_context(args.hyp, args.ctx, args.ref)
-            print(
-                f"context accuracy: {100 * result['accuracy']:.1f}% "
-                f"({result['correct']}/{result['total']})"
-            )
+            print(f"context accuracy: {100 * result['accuracy']:.1f}% ({result['correct']}/{result['total']})")
             return 0
         args = _generate_parser().parse_args(args_in)
         stats = write_corpus(
@@ -98,8 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{split} {s.sentences} sentences / {s.documents} docs / {s.context_words} context words"
         for split, s in ((name, stats[name]) for name in SPLITS)
     ]
-    print(f"wrote {args.out}: " + "; ".join(parts)
-          + f"; contrastive suite test.contrastive.json/.tsv: {suite} items")
+    print(f"wrote {args.out}: " + "; ".join(parts) + f"; contrastive suite test.contrastive.json/.tsv: {suite} items")
     return 0
 
 

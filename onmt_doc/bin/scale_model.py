@@ -9,6 +9,7 @@ parameter ratio -beta and writes the scaled config:
   onmt_doc_scale_model -config config_examples/reformer_fast.yaml -beta 2 \\
       -losses 3.21,3.15,3.17 -output reformer_fast_scaled.yaml
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,11 +24,17 @@ from onmt_doc.errors import UserError
 
 
 def _main(argv=None) -> int:
-    p = ArgumentParser(prog="onmt_doc_scale_model", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(
+        prog="onmt_doc_scale_model", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_config_args(p)
-    p.add_argument("-epsilon", "--epsilon", type=int, default=1,
-                   help="ε of eq. 10: extra layers, and extra d_model units of FFN width (default 1)")
+    p.add_argument(
+        "-epsilon",
+        "--epsilon",
+        type=int,
+        default=1,
+        help="ε of eq. 10: extra layers, and extra d_model units of FFN width (default 1)",
+    )
     p.add_argument("-beta", "--beta", type=float, default=2.0, help="parameter ratio of eq. 11 (default 2)")
     p.add_argument("-losses", "--losses", help="BASE,DEEPER,WIDER validation losses: skip the short runs")
     p.add_argument("-steps", "--steps", type=int, default=1000, help="training steps of each short run")
@@ -48,7 +55,7 @@ def _main(argv=None) -> int:
     )
 
     cfg = load_config(args.config, args.overrides)
-    scaled_parts(cfg)                               # a model without layers/ff fails before any training
+    scaled_parts(cfg)  # a model without layers/ff fails before any training
     losses = parse_losses(args.losses)
     if losses is None:
         from onmt_doc.train.reporting import setup_logging
@@ -57,17 +64,27 @@ def _main(argv=None) -> int:
         setup_logging(0)
 
         def short_run(name: str, overrides: list[str]):
-            return load_config(args.config, list(args.overrides) + overrides + [
-                f"train.max_steps={args.steps}", f"train.valid_every={args.steps}", f"train.save_every={args.steps}",
-                f"log.dir={os.path.join(args.work_dir, name)}"])
+            return load_config(
+                args.config,
+                list(args.overrides)
+                + overrides
+                + [
+                    f"train.max_steps={args.steps}",
+                    f"train.valid_every={args.steps}",
+                    f"train.save_every={args.steps}",
+                    f"log.dir={os.path.join(args.work_dir, name)}",
+                ],
+            )
 
         losses = measure_losses(short_run, cfg, args.epsilon, train)
     dec = cfg.model.decoder
     plan = plan_scaling(dec.layers, dec.ff, cfg.model.d_model, losses, args.epsilon, args.beta, args.ff_multiple)
     with open(args.output, "w", encoding="utf-8") as f:
-        f.write(f"# scaled by onmt_doc_scale_model from {args.config}: validation losses "
-                f"base/deeper/wider {losses[0]:.4f}/{losses[1]:.4f}/{losses[2]:.4f}, epsilon {args.epsilon}\n"
-                f"# {plan.summary()}\n")
+        f.write(
+            f"# scaled by onmt_doc_scale_model from {args.config}: validation losses "
+            f"base/deeper/wider {losses[0]:.4f}/{losses[1]:.4f}/{losses[2]:.4f}, epsilon {args.epsilon}\n"
+            f"# {plan.summary()}\n"
+        )
         yaml.safe_dump(scaled_config(cfg, plan), f, sort_keys=False, allow_unicode=True)
     print(f"{plan.summary()}; wrote {args.output}", file=sys.stderr)
     return 0

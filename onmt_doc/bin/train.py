@@ -1,4 +1,5 @@
 """onmt_doc_train -config X.yaml [key.path=value ...]   (or under torchrun)."""
+
 from __future__ import annotations
 
 from typing import Optional

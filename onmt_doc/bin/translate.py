@@ -6,6 +6,7 @@ document files) to stderr; with -score, writes the log-probability of each -tgt 
 -output FILE is written to a temporary file in the same folder and renamed when done, so a failed
 run never truncates an existing file; an -output that is (a link to) an input file is refused.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,21 +28,42 @@ def _parser() -> ArgumentParser:
     p.add_argument("-beam", "--beam", type=int)
     p.add_argument("-n_best", "--n_best", type=int, help="write n hypotheses per line, tab-separated")
     p.add_argument("-length_penalty", "--length_penalty", type=float, help="GNMT alpha, >= 0")
-    p.add_argument("-length_penalty_type", "--length_penalty_type", choices=["gnmt", "avg", "none"],
-                   help="divisor of hypothesis scores: gnmt ((5+len)/6)^alpha, avg (len), none")
+    p.add_argument(
+        "-length_penalty_type",
+        "--length_penalty_type",
+        choices=["gnmt", "avg", "none"],
+        help="divisor of hypothesis scores: gnmt ((5+len)/6)^alpha, avg (len), none",
+    )
     p.add_argument("-max_len_ratio", "--max_len_ratio", type=float)
     p.add_argument("-max_length", "--max_length", type=int, help="output cap per sentence (tokens)")
-    p.add_argument("-max_input_tokens", "--max_input_tokens", type=int,
-                   help="longer source lines are translated in pieces of this many subwords")
-    p.add_argument("-window_sentences", "--window_sentences", type=int,
-                   help="HM-GDC: sentences per translation window (0 = as trained)")
-    p.add_argument("-max_line_chars", "--max_line_chars", type=int,
-                   help="a longer input line is an error (data.max_line_chars; 0 = no limit)")
+    p.add_argument(
+        "-max_input_tokens",
+        "--max_input_tokens",
+        type=int,
+        help="longer source lines are translated in pieces of this many subwords",
+    )
+    p.add_argument(
+        "-window_sentences",
+        "--window_sentences",
+        type=int,
+        help="HM-GDC: sentences per translation window (0 = as trained)",
+    )
+    p.add_argument(
+        "-max_line_chars",
+        "--max_line_chars",
+        type=int,
+        help="a longer input line is an error (data.max_line_chars; 0 = no limit)",
+    )
     p.add_argument("-batch_tokens", "--batch_tokens", type=int)
-    p.add_argument("-batch_size", "--batch_size", type=int, dest="batch_sentences",
-                   help="cap on sentences (instances) per batch")
-    p.add_argument("-dtype", "--dtype", choices=["float32", "bfloat16", "float16"],
-                   help="compute type (default: the checkpoint's translate.dtype, float32)")
+    p.add_argument(
+        "-batch_size", "--batch_size", type=int, dest="batch_sentences", help="cap on sentences (instances) per batch"
+    )
+    p.add_argument(
+        "-dtype",
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        help="compute type (default: the checkpoint's translate.dtype, float32)",
+    )
     p.add_argument("-device", "--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("-threads", "--threads", type=int, default=0, help="CPU threads (0 = all cores)")
     return p
@@ -66,23 +88,34 @@ def _main(argv: Optional[list[str]]) -> int:
         torch.set_num_threads(args.threads)
     device = pick_device(args.device, key="-device")
     model, cfg, codec = load_model(args.model, device)
-    opts = translator_options(cfg.translate, beam=args.beam, n_best=args.n_best,
-                              length_penalty=args.length_penalty, length_penalty_type=args.length_penalty_type,
-                              max_len_ratio=args.max_len_ratio,
-                              max_length=args.max_length, max_input_tokens=args.max_input_tokens,
-                              window_sentences=args.window_sentences,
-                              batch_tokens=args.batch_tokens, batch_sentences=args.batch_sentences,
-                              dtype=args.dtype)
+    opts = translator_options(
+        cfg.translate,
+        beam=args.beam,
+        n_best=args.n_best,
+        length_penalty=args.length_penalty,
+        length_penalty_type=args.length_penalty_type,
+        max_len_ratio=args.max_len_ratio,
+        max_length=args.max_length,
+        max_input_tokens=args.max_input_tokens,
+        window_sentences=args.window_sentences,
+        batch_tokens=args.batch_tokens,
+        batch_sentences=args.batch_sentences,
+        dtype=args.dtype,
+    )
     if args.max_line_chars is not None:
         if args.max_line_chars < 0:
             raise UserError(f"-max_line_chars must be >= 0 (got {args.max_line_chars})")
         cfg.data.max_line_chars = args.max_line_chars
     if opts.beam < 1 or opts.n_best < 1 or opts.n_best > opts.beam:
         raise UserError(f"need -beam >= 1 and 1 <= -n_best <= -beam (got {opts.beam}, {opts.n_best})")
-    for flag, value, low in (("-batch_tokens", opts.batch_tokens, 1), ("-max_length", opts.max_length, 1),
-                             ("-max_input_tokens", opts.max_input_tokens, 1),
-                             ("-batch_size", opts.batch_sentences, 0), ("-length_penalty", opts.length_penalty, 0),
-                             ("-window_sentences", opts.window_sentences, 0)):
+    for flag, value, low in (
+        ("-batch_tokens", opts.batch_tokens, 1),
+        ("-max_length", opts.max_length, 1),
+        ("-max_input_tokens", opts.max_input_tokens, 1),
+        ("-batch_size", opts.batch_sentences, 0),
+        ("-length_penalty", opts.length_penalty, 0),
+        ("-window_sentences", opts.window_sentences, 0),
+    ):
         if value < low:
             raise UserError(f"{flag} must be at least {low} (got {value})")
     if opts.max_len_ratio <= 0:
@@ -93,15 +126,20 @@ def _main(argv: Optional[list[str]]) -> int:
     if args.output == "-":
         pairs = translator.run_files(args.src, sys.stdout, args.tgt, score=args.score)
     else:
-        pairs = _write_atomically(args.output, lambda out: translator.run_files(args.src, out, args.tgt,
-                                                                                 score=args.score))
+        pairs = _write_atomically(
+            args.output, lambda out: translator.run_files(args.src, out, args.tgt, score=args.score)
+        )
     scores = report(*pairs, cfg.data.documents) if pairs else None
     elapsed = time.time() - start
-    print(f"{'scored' if args.score else 'translated'} {args.src} in {elapsed:.1f}s "
-          f"({translator.stats.summary()})", file=sys.stderr)
+    print(
+        f"{'scored' if args.score else 'translated'} {args.src} in {elapsed:.1f}s ({translator.stats.summary()})",
+        file=sys.stderr,
+    )
     if scores:
-        print(" | ".join(f"{k.replace('_', '-').upper() if k != 'chrf' else 'chrF'} {v:.2f}"
-                         for k, v in scores.items()), file=sys.stderr)
+        print(
+            " | ".join(f"{k.replace('_', '-').upper() if k != 'chrf' else 'chrF'} {v:.2f}" for k, v in scores.items()),
+            file=sys.stderr,
+        )
     return 0
 
 

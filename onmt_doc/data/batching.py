@@ -1,4 +1,5 @@
 """Token-budget batches: collation into padded tensors, bucketing, sharding and resumable order."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
@@ -13,17 +14,17 @@ from onmt_doc.data.vocab import BOS_ID, EOS_ID, PAD_ID, SOS_ID
 
 @dataclass
 class Batch:
-    src: torch.Tensor                        # [B, S]
-    src_groups: torch.Tensor                 # [B, S] sentence tag k on sentence k, 0 on padding
-    tgt_in: Optional[torch.Tensor] = None    # [B, T] <bos> + target
-    tgt_out: Optional[torch.Tensor] = None   # [B, T] target + <eos>
+    src: torch.Tensor  # [B, S]
+    src_groups: torch.Tensor  # [B, S] sentence tag k on sentence k, 0 on padding
+    tgt_in: Optional[torch.Tensor] = None  # [B, T] <bos> + target
+    tgt_out: Optional[torch.Tensor] = None  # [B, T] target + <eos>
     tgt_groups: Optional[torch.Tensor] = None  # [B, T] tags of tgt_in (0 on <bos> and padding)
-    doc_index: Optional[torch.Tensor] = None   # [B] document of each example
+    doc_index: Optional[torch.Tensor] = None  # [B] document of each example
     first_sent: Optional[torch.Tensor] = None  # [B] index of the example's first sentence in its document
     extra: dict = field(default_factory=dict)  # [B, T] per-target-token tensors (e.g. z_star)
     n_src_tokens: int = 0
-    n_tgt_tokens: int = 0                      # non-padding tokens of tgt_out
-    indices: Optional[np.ndarray] = None       # positions of the examples in their source list
+    n_tgt_tokens: int = 0  # non-padding tokens of tgt_out
+    indices: Optional[np.ndarray] = None  # positions of the examples in their source list
 
     @property
     def size(self) -> int:
@@ -57,7 +58,7 @@ def _pad(seqs: Sequence[np.ndarray], prefix: Optional[int] = None, suffix: Optio
     for i, s in enumerate(seqs):
         if prefix is not None:
             out[i, 0] = prefix
-        out[i, start:start + len(s)] = s
+        out[i, start : start + len(s)] = s
         if suffix is not None:
             out[i, start + len(s)] = suffix
     return out
@@ -85,10 +86,14 @@ def collate(examples: Sequence[Example], indices: Optional[np.ndarray] = None) -
     ``doc_index`` says which example (document window) each row comes from."""
     examples, owner = sentence_rows(examples)
     src = _pad([e.src for e in examples])
-    batch = Batch(src=torch.from_numpy(src), src_groups=torch.from_numpy(group_tags(src)),
-                  doc_index=torch.tensor(owner),
-                  first_sent=torch.tensor([e.first for e in examples]),
-                  n_src_tokens=int((src != PAD_ID).sum()), indices=indices)
+    batch = Batch(
+        src=torch.from_numpy(src),
+        src_groups=torch.from_numpy(group_tags(src)),
+        doc_index=torch.tensor(owner),
+        first_sent=torch.tensor([e.first for e in examples]),
+        n_src_tokens=int((src != PAD_ID).sum()),
+        indices=indices,
+    )
     if examples[0].tgt is not None:
         tgt_in = _pad([e.tgt for e in examples], prefix=BOS_ID)
         tgt_out = _pad([e.tgt for e in examples], suffix=EOS_ID)
@@ -104,6 +109,7 @@ def collate(examples: Sequence[Example], indices: Optional[np.ndarray] = None) -
 class Lengths:
     """Per example: padded source and target row length as collation makes them (targets get
     <bos>/<eos>) and the number of rows (sentences of a context instance, else 1)."""
+
     src: np.ndarray
     tgt: np.ndarray
     rows: np.ndarray
@@ -129,8 +135,9 @@ def example_lengths(examples: Sequence[Example]) -> Lengths:
     return Lengths(src, tgt, rows)
 
 
-def token_batches(order: np.ndarray, lengths: Lengths, batch_tokens: int, max_rows: int = 0,
-                  by_source_only: bool = False) -> list[np.ndarray]:
+def token_batches(
+    order: np.ndarray, lengths: Lengths, batch_tokens: int, max_rows: int = 0, by_source_only: bool = False
+) -> list[np.ndarray]:
     """Cut ``order`` into consecutive batches with rows * max(src, tgt length) <= batch_tokens
     (and rows <= max_rows when set).
 
@@ -159,8 +166,15 @@ class BatchSampler:
     the epoch so all ranks take the same number of steps.
     """
 
-    def __init__(self, examples: Sequence[Example], batch_tokens: int, seed: int = 1,
-                 shuffle: bool = True, rank: int = 0, world: int = 1):
+    def __init__(
+        self,
+        examples: Sequence[Example],
+        batch_tokens: int,
+        seed: int = 1,
+        shuffle: bool = True,
+        rank: int = 0,
+        world: int = 1,
+    ):
         self.examples = examples
         self.lengths = example_lengths(examples)
         self.batch_tokens, self.seed, self.shuffle = batch_tokens, seed, shuffle
@@ -184,7 +198,7 @@ class BatchSampler:
         if self.world > 1:
             short = (-len(batches)) % self.world
             batches = batches + [batches[i % len(batches)] for i in range(short)]
-            batches = batches[self.rank::self.world]
+            batches = batches[self.rank :: self.world]
         self._cache = (epoch, batches)
         return batches
 
@@ -210,9 +224,11 @@ class BatchSampler:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
 
-def ordered_batches(examples: Sequence[Example], batch_tokens: int, by_source_only: bool = False,
-                    max_rows: int = 0) -> list[np.ndarray]:
+def ordered_batches(
+    examples: Sequence[Example], batch_tokens: int, by_source_only: bool = False, max_rows: int = 0
+) -> list[np.ndarray]:
     """Deterministic length-sorted batches for validation and translation."""
     lengths = example_lengths(examples)
-    return token_batches(lengths.sort_order(by_source_only=by_source_only), lengths, batch_tokens,
-                         max_rows, by_source_only)
+    return token_batches(
+        lengths.sort_order(by_source_only=by_source_only), lengths, batch_tokens, max_rows, by_source_only
+    )

@@ -3,6 +3,7 @@
 The cache key covers the bytes of both files, the subword models, the vocabularies and the
 document flag, so a changed file or tokenizer can never be served stale ids.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -28,8 +29,12 @@ def cache_key(src: str, tgt: str, codec: Codec, documents: bool) -> str:
     h = hashlib.sha256()
     for path in (src, tgt):
         _file_digest(path, h)
-    h.update(json.dumps({k: (v if k.endswith("vocab") else {**v, "model": None})
-                         for k, v in codec.to_dict().items()}, sort_keys=True).encode())
+    h.update(
+        json.dumps(
+            {k: (v if k.endswith("vocab") else {**v, "model": None}) for k, v in codec.to_dict().items()},
+            sort_keys=True,
+        ).encode()
+    )
     for sw in (codec.src_subword, codec.tgt_subword):
         h.update(sw.model or b"")
     h.update(b"documents" if documents else b"lines")
@@ -44,11 +49,12 @@ def _flatten(seqs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _split(flat: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
-    return [flat[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
+    return [flat[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]
 
 
-def load_tokenized(src: str, tgt: str, codec: Codec, documents: bool, max_chars: int,
-                   cache_dir: Optional[str]) -> tuple[TokenizedDocs, bool]:
+def load_tokenized(
+    src: str, tgt: str, codec: Codec, documents: bool, max_chars: int, cache_dir: Optional[str]
+) -> tuple[TokenizedDocs, bool]:
     """Documents of (src_ids, tgt_ids) sentence pairs; True as second value when read from cache."""
     path = None
     if cache_dir:

@@ -2,6 +2,7 @@
 
 A :class:`Codec` is what a checkpoint carries besides the weights, so translation needs nothing else.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,8 +31,10 @@ class Codec:
         """Subword ids (no markup) for each line of one side."""
         subword, vocab = (self.src_subword, self.src_vocab) if side == "src" else (self.tgt_subword, self.tgt_vocab)
         get, unk = vocab.stoi.get, vocab.stoi["<unk>"]
-        return [np.fromiter((get(t, unk) for t in toks), dtype=np.int32, count=len(toks))
-                for toks in subword.tokenize_batch(lines)]
+        return [
+            np.fromiter((get(t, unk) for t in toks), dtype=np.int32, count=len(toks))
+            for toks in subword.tokenize_batch(lines)
+        ]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Detokenized target text of one sentence; markup tokens are dropped."""
@@ -39,8 +42,12 @@ class Codec:
         return self.tgt_subword.detokenize(tokens)
 
     def to_dict(self) -> dict:
-        return {"src_subword": self.src_subword.to_dict(), "tgt_subword": self.tgt_subword.to_dict(),
-                "src_vocab": self.src_vocab.itos, "tgt_vocab": self.tgt_vocab.itos}
+        return {
+            "src_subword": self.src_subword.to_dict(),
+            "tgt_subword": self.tgt_subword.to_dict(),
+            "src_vocab": self.src_vocab.itos,
+            "tgt_vocab": self.tgt_vocab.itos,
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> "Codec":

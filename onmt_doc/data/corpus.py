@@ -10,6 +10,7 @@ line ends would otherwise be one long line. A line that is empty or holds only w
 Unicode whitespace, NBSP and U+3000 included) is a document break; non-empty ones are counted
 and logged as a warning naming the first, since they may be a mistake.
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,21 +25,29 @@ log = logging.getLogger("onmt_doc")
 
 # characters str.splitlines() and other tools treat as line breaks (LF is the line end itself)
 _OTHER_BREAKS = re.compile("[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
-_BREAK_NAMES = {"\r": "CR (carriage return without LF: old Mac line ends? convert them to LF)",
-                "\x0b": "VT (U+000B)", "\x0c": "FF (U+000C)", "\x1c": "FS (U+001C)",
-                "\x1d": "GS (U+001D)", "\x1e": "RS (U+001E)", "\x85": "NEL (U+0085)",
-                "\u2028": "LS (U+2028)", "\u2029": "PS (U+2029)"}
+_BREAK_NAMES = {
+    "\r": "CR (carriage return without LF: old Mac line ends? convert them to LF)",
+    "\x0b": "VT (U+000B)",
+    "\x0c": "FF (U+000C)",
+    "\x1c": "FS (U+001C)",
+    "\x1d": "GS (U+001D)",
+    "\x1e": "RS (U+001E)",
+    "\x85": "NEL (U+0085)",
+    "\u2028": "LS (U+2028)",
+    "\u2029": "PS (U+2029)",
+}
 
 
 def _check_line(line: str, name: str, number: int, max_chars: int) -> None:
     """Refuse line-break characters inside a line, then over-long lines."""
     other = _OTHER_BREAKS.search(line)
     if other:
-        raise DataError(f"{name}:{number}: column {other.start() + 1} holds the line break "
-                        f"{_BREAK_NAMES[other.group()]}; only LF and CRLF end lines")
+        raise DataError(
+            f"{name}:{number}: column {other.start() + 1} holds the line break "
+            f"{_BREAK_NAMES[other.group()]}; only LF and CRLF end lines"
+        )
     if max_chars and len(line) > max_chars:
-        raise DataError(f"{name}:{number}: line has {len(line)} characters, more than "
-                        f"data.max_line_chars={max_chars}")
+        raise DataError(f"{name}:{number}: line has {len(line)} characters, more than data.max_line_chars={max_chars}")
 
 
 def iter_lines(path: str, max_chars: int = 0, stream: Optional[IO[bytes]] = None) -> Iterator[str]:
@@ -69,8 +78,10 @@ def iter_lines(path: str, max_chars: int = 0, stream: Optional[IO[bytes]] = None
                 first_blank_like = first_blank_like or number
             yield stripped
         if blank_like:
-            log.warning(f"{name}: {blank_like} line(s) hold only whitespace (first: line "
-                        f"{first_blank_like}); each is a document break")
+            log.warning(
+                f"{name}: {blank_like} line(s) hold only whitespace (first: line "
+                f"{first_blank_like}); each is a document break"
+            )
     finally:
         if path != "-":
             stream.close()
@@ -79,8 +90,12 @@ def iter_lines(path: str, max_chars: int = 0, stream: Optional[IO[bytes]] = None
 Pair = tuple[str, Optional[str]]
 
 
-def iter_parallel(src: str, tgt: Optional[str], documents: bool = True, max_chars: int = 0,
-                  ) -> Iterator[Optional[list[Pair]]]:
+def iter_parallel(
+    src: str,
+    tgt: Optional[str],
+    documents: bool = True,
+    max_chars: int = 0,
+) -> Iterator[Optional[list[Pair]]]:
     """Stream aligned documents of (source, target) pairs, ``None`` for each blank line.
 
     ``tgt=None`` gives source-only pairs. A blank line on one side only, or a different number of
@@ -93,12 +108,16 @@ def iter_parallel(src: str, tgt: Optional[str], documents: bool = True, max_char
         if tgt_lines is not None:
             if s is None or t is None:
                 short, other = (src, tgt) if s is None else (tgt, src)
-                raise DataError(f"{short}: ends at line {number - 1} but {other} continues "
-                                f"(files must be line-aligned, blank lines included)")
+                raise DataError(
+                    f"{short}: ends at line {number - 1} but {other} continues "
+                    f"(files must be line-aligned, blank lines included)"
+                )
             if bool(s) != bool(t):
                 blank, full = (src, tgt) if not s else (tgt, src)
-                raise DataError(f"{blank}:{number}: blank line (document break) where {full}:{number} "
-                                f"has a sentence; the files are misaligned from here")
+                raise DataError(
+                    f"{blank}:{number}: blank line (document break) where {full}:{number} "
+                    f"has a sentence; the files are misaligned from here"
+                )
         if not s:
             if doc:
                 yield doc
@@ -114,7 +133,6 @@ def iter_parallel(src: str, tgt: Optional[str], documents: bool = True, max_char
         raise DataError(f"{src}: file is empty")
 
 
-def read_parallel(src: str, tgt: str, documents: bool = True,
-                  max_chars: int = 0) -> list[list[tuple[str, str]]]:
+def read_parallel(src: str, tgt: str, documents: bool = True, max_chars: int = 0) -> list[list[tuple[str, str]]]:
     """All aligned documents of a parallel corpus (blank lines only separate them)."""
     return [d for d in iter_parallel(src, tgt, documents, max_chars) if d is not None]

@@ -6,6 +6,7 @@ table path) and a :class:`FieldContext`, and the provider fills ``Example.extra`
 caching what is slow next to the binarized data. Collation pads the arrays into ``Batch.extra``.
 So a loss only computes its formula: it never sees the corpus, the whole config or the run folder.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,11 +21,11 @@ class FieldContext:
     """What every field provider gets besides the section that asked for it."""
 
     codec: Codec
-    cache_dir: Optional[str] = None    # the binarized data's cache folder (None: no caching)
+    cache_dir: Optional[str] = None  # the binarized data's cache folder (None: no caching)
 
 
 class FieldProvider(Protocol):
-    keys: tuple[str, ...]              # the Example.extra keys it fills
+    keys: tuple[str, ...]  # the Example.extra keys it fills
 
     def attach(self, examples: Sequence[Example], docs: Sequence) -> None:
         """Fill ``extra[key]`` of every example (aligned with its target) from the tokenized

@@ -3,6 +3,7 @@
 Markup is the same for every model: each sentence is ``<s> w1 … wn </s>``; a document instance
 concatenates consecutive sentences of one document. ``<bos>``/``<eos>`` are added at collation.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -17,10 +18,10 @@ UNITS = ("sentence", "document", "context")
 
 @dataclass
 class Example:
-    src: np.ndarray                  # int64 ids with markup
-    tgt: Optional[np.ndarray]        # int64 ids with markup (no <bos>/<eos>), None when translating
-    doc: int                         # document index in its corpus
-    first: int                       # index of the instance's first sentence in the document
+    src: np.ndarray  # int64 ids with markup
+    tgt: Optional[np.ndarray]  # int64 ids with markup (no <bos>/<eos>), None when translating
+    doc: int  # document index in its corpus
+    first: int  # index of the instance's first sentence in the document
     n_sents: int
     extra: dict = field(default_factory=dict)  # per-target-token arrays added by losses (e.g. z*)
     # context instances only: [n_sents, 2] marked (src, tgt) length of each sentence; collation
@@ -88,8 +89,9 @@ def _pack(doc: Sequence[tuple], d: int, start: int, end: int) -> Example:
     return Example(src, tgt, d, start, end - start)
 
 
-def context_instances(docs: Sequence[Sequence[tuple]], max_sentences: int = 0,
-                      max_len: int = 0, window_tokens: int = 0) -> tuple[list[Example], int]:
+def context_instances(
+    docs: Sequence[Sequence[tuple]], max_sentences: int = 0, max_len: int = 0, window_tokens: int = 0
+) -> tuple[list[Example], int]:
     """Whole documents, or windows of at most ``max_sentences`` consecutive sentences (HM-GDC).
     With ``max_sentences`` 0 and ``window_tokens`` set (translation), windows are packed to that
     many tokens per side instead of whole documents, so a long document costs linear time.
@@ -112,15 +114,19 @@ def context_instances(docs: Sequence[Sequence[tuple]], max_sentences: int = 0,
                 dropped += len(window)
                 continue
             ex = _pack(doc, d, start, start + len(window))
-            ex.sent_lens = np.array([(len(s) + 2, 0 if t is None else len(t) + 2) for s, t in window],
-                                    dtype=np.int64)
+            ex.sent_lens = np.array([(len(s) + 2, 0 if t is None else len(t) + 2) for s, t in window], dtype=np.int64)
             examples.append(ex)
     return examples, dropped
 
 
-def build_instances(unit: str, docs: Sequence[Sequence[tuple]], max_tokens: int,
-                    max_len: int = 0, max_sentences: int = 0,
-                    window_tokens: int = 0) -> tuple[list[Example], int]:
+def build_instances(
+    unit: str,
+    docs: Sequence[Sequence[tuple]],
+    max_tokens: int,
+    max_len: int = 0,
+    max_sentences: int = 0,
+    window_tokens: int = 0,
+) -> tuple[list[Example], int]:
     """Instances for a model's unit: ``document`` packs consecutive sentences of a document up to
     ``max_tokens``; ``context`` takes document windows of ``max_sentences`` (0 = whole documents,
     or, with ``window_tokens`` as translation sets it, windows packed to that many tokens) whose

@@ -26,6 +26,7 @@ gets 0 (the target side).
 Pairs are int64 ids (``y·V + x``) generated with numpy for a chunk of sentences at a time and
 merged into sorted (key, count) arrays; the table file holds those arrays (``.npz``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -50,10 +51,11 @@ Normaliser = Literal["shared", "per_scenario"]
 NORMALISERS: tuple[str, ...] = ("shared", "per_scenario")
 _ARRAYS = ("src_counts", "tgt_counts", "bi_keys", "bi_counts", "mono_keys", "mono_counts")
 Pair = tuple[np.ndarray, np.ndarray]
-Z_STAR = "z_star"            # the per-example field of z* (data/fields.py): extra["z_star"] and ["z_star_mask"]
+Z_STAR = "z_star"  # the per-example field of z* (data/fields.py): extra["z_star"] and ["z_star_mask"]
 
 
 # ----------------------------------------------------------------------------- ragged helpers
+
 
 def ragged_arange(lengths: np.ndarray) -> np.ndarray:
     """``0..l0-1, 0..l1-1, …`` for ``lengths`` [l0, l1, …]."""
@@ -87,6 +89,7 @@ def _group_max(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- counting
 
+
 def _types(seqs: Sequence[np.ndarray], size: int) -> tuple[np.ndarray, np.ndarray]:
     """(sentence, type) of the distinct types of each sentence, sorted by sentence."""
     flat, lengths, _ = _flatten(seqs)
@@ -94,8 +97,7 @@ def _types(seqs: Sequence[np.ndarray], size: int) -> tuple[np.ndarray, np.ndarra
     return keys // size, keys % size
 
 
-def bilingual_pairs(src: Sequence[np.ndarray], tgt: Sequence[np.ndarray], src_size: int,
-                    tgt_size: int) -> np.ndarray:
+def bilingual_pairs(src: Sequence[np.ndarray], tgt: Sequence[np.ndarray], src_size: int, tgt_size: int) -> np.ndarray:
     """Keys ``y·src_size + x`` of the distinct (target, source) type pairs of every sentence pair."""
     t_sent, t_type = _types(tgt, tgt_size)
     s_sent, s_type = _types(src, src_size)
@@ -109,12 +111,12 @@ def monolingual_pairs(tgt: Sequence[np.ndarray], tgt_size: int) -> np.ndarray:
     """Keys ``y_i·tgt_size + y_k`` of the distinct ordered type pairs (k < i) of every sentence."""
     flat, lengths, starts = _flatten(tgt)
     sent = np.repeat(np.arange(len(tgt), dtype=np.int64), lengths)
-    before = ragged_arange(lengths)                          # i: how many tokens precede position p
+    before = ragged_arange(lengths)  # i: how many tokens precede position p
     later = np.repeat(np.arange(len(flat)), before)
     earlier = np.repeat(starts[sent], before) + ragged_arange(before)
     pairs = flat[later] * tgt_size + flat[earlier]
-    per_sentence = _sorted_unique(sent[later] * tgt_size ** 2 + pairs)[0]   # once per sentence
-    return per_sentence % tgt_size ** 2
+    per_sentence = _sorted_unique(sent[later] * tgt_size**2 + pairs)[0]  # once per sentence
+    return per_sentence % tgt_size**2
 
 
 class PairCounts:
@@ -170,25 +172,26 @@ def vocab_digest(codec: Codec) -> str:
 
 # ----------------------------------------------------------------------------- the table
 
+
 @dataclass
 class PMITable:
-    src_counts: np.ndarray      # [V_src] unigram token counts
-    tgt_counts: np.ndarray      # [V_tgt]
-    bi_keys: np.ndarray         # sorted y·V_src + x
+    src_counts: np.ndarray  # [V_src] unigram token counts
+    tgt_counts: np.ndarray  # [V_tgt]
+    bi_keys: np.ndarray  # sorted y·V_src + x
     bi_counts: np.ndarray
-    mono_keys: np.ndarray       # sorted y_i·V_tgt + y_k
+    mono_keys: np.ndarray  # sorted y_i·V_tgt + y_k
     mono_counts: np.ndarray
-    n_pairs: int = 0            # sentence pairs counted
-    vocab: str = ""             # vocab_digest of the codec it was built with
-    normaliser: Normaliser = "shared"   # Z of eq. 6 used by bilingual/monolingual (not stored: counts only)
+    n_pairs: int = 0  # sentence pairs counted
+    vocab: str = ""  # vocab_digest of the codec it was built with
+    normaliser: Normaliser = "shared"  # Z of eq. 6 used by bilingual/monolingual (not stored: counts only)
 
     def __post_init__(self) -> None:
         if self.normaliser not in NORMALISERS:
             raise ValueError(f"normaliser must be one of {', '.join(NORMALISERS)} (got {self.normaliser!r})")
         bi, mono = int(self.bi_counts.sum()), int(self.mono_counts.sum())
-        if self.normaliser == "shared":     # eq. 6: one Z, all (μ, ν) pairs; log Z cancels in eq. 7
+        if self.normaliser == "shared":  # eq. 6: one Z, all (μ, ν) pairs; log Z cancels in eq. 7
             self.log_z_bi = self.log_z_mono = float(np.log(max(bi + mono, 1)))
-        else:                               # each scenario its own Z
+        else:  # each scenario its own Z
             self.log_z_bi, self.log_z_mono = float(np.log(max(bi, 1))), float(np.log(max(mono, 1)))
 
     @property
@@ -210,7 +213,7 @@ class PMITable:
     def _pmi(count: np.ndarray, log_z: float, c_u: np.ndarray, c_v: np.ndarray) -> np.ndarray:
         out = np.full(len(count), -np.inf)
         seen = count > 0
-        out[seen] = log_z + np.log(count[seen]) - np.log(c_u[seen]) - np.log(c_v[seen])   # eq. 6
+        out[seen] = log_z + np.log(count[seen]) - np.log(c_u[seen]) - np.log(c_v[seen])  # eq. 6
         return out
 
     def bilingual(self, y: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -235,11 +238,14 @@ class PMITable:
         return h.hexdigest()[:24]
 
     def check_vocab(self, codec: Codec, path: str) -> None:
-        if (self.src_size, self.tgt_size) != (len(codec.src_vocab), len(codec.tgt_vocab)) \
-                or self.vocab != vocab_digest(codec):
-            raise UserError(f"{path}: PMI table built with other vocabularies than this run's "
-                            f"({self.src_size}/{self.tgt_size} entries, this run {len(codec.src_vocab)}/"
-                            f"{len(codec.tgt_vocab)}); rebuild it with onmt_doc_build_pmi_table -config <this config>")
+        if (self.src_size, self.tgt_size) != (len(codec.src_vocab), len(codec.tgt_vocab)) or self.vocab != vocab_digest(
+            codec
+        ):
+            raise UserError(
+                f"{path}: PMI table built with other vocabularies than this run's "
+                f"({self.src_size}/{self.tgt_size} entries, this run {len(codec.src_vocab)}/"
+                f"{len(codec.tgt_vocab)}); rebuild it with onmt_doc_build_pmi_table -config <this config>"
+            )
 
     def save(self, path: str) -> None:
         """One uncompressed ``.npz`` at exactly ``path``, written atomically."""
@@ -264,18 +270,25 @@ class PMITable:
             raise UserError(f"{path}: not a PMI table of onmt_doc_build_pmi_table ({str(e)[:120]})") from None
         if meta.get("format", 0) > TABLE_FORMAT:
             raise UserError(f"{path}: PMI table format {meta['format']} is newer than this onmt_doc reads")
-        table = cls(**arrays, n_pairs=int(meta.get("n_pairs", 0)), vocab=str(meta.get("vocab", "")),
-                    normaliser=normaliser)
+        table = cls(
+            **arrays, n_pairs=int(meta.get("n_pairs", 0)), vocab=str(meta.get("vocab", "")), normaliser=normaliser
+        )
         if codec is not None:
             table.check_vocab(codec, path)
         return table
 
 
-def count_table(pairs: Iterable[Pair], src_size: int, tgt_size: int, vocab: str = "",
-                chunk: int = 512, normaliser: Normaliser = "shared") -> PMITable:
+def count_table(
+    pairs: Iterable[Pair],
+    src_size: int,
+    tgt_size: int,
+    vocab: str = "",
+    chunk: int = 512,
+    normaliser: Normaliser = "shared",
+) -> PMITable:
     """Count a stream of (source ids, target ids) sentence pairs into a table."""
-    if chunk * tgt_size ** 2 >= 2 ** 62:
-        chunk = max(1, (2 ** 62 - 1) // tgt_size ** 2)
+    if chunk * tgt_size**2 >= 2**62:
+        chunk = max(1, (2**62 - 1) // tgt_size**2)
     src_counts = np.zeros(src_size, np.int64)
     tgt_counts = np.zeros(tgt_size, np.int64)
     bi, mono, n = PairCounts(), PairCounts(), 0
@@ -291,25 +304,38 @@ def count_table(pairs: Iterable[Pair], src_size: int, tgt_size: int, vocab: str 
     return PMITable(src_counts, tgt_counts, bi_keys, bi_counts, mono_keys, mono_counts, n, vocab, normaliser)
 
 
-def tokenized_pairs(src: str, tgt: str, codec: Codec, documents: bool, max_chars: int,
-                    chunk: int = 8192) -> Iterator[Pair]:
+def tokenized_pairs(
+    src: str, tgt: str, codec: Codec, documents: bool, max_chars: int, chunk: int = 8192
+) -> Iterator[Pair]:
     """Stream the sentence pairs of a parallel corpus as subword ids (document breaks dropped)."""
     lines = (p for doc in iter_parallel(src, tgt, documents, max_chars) if doc for p in doc)
     for part in _chunks(lines, chunk):
         yield from zip(codec.encode([s for s, _ in part], "src"), codec.encode([t for _, t in part], "tgt"))
 
 
-def build_table(src: str, tgt: str, codec: Codec, documents: bool = True, max_chars: int = 0,
-                normaliser: Normaliser = "shared") -> PMITable:
+def build_table(
+    src: str, tgt: str, codec: Codec, documents: bool = True, max_chars: int = 0, normaliser: Normaliser = "shared"
+) -> PMITable:
     """The PMI table of a parallel corpus, tokenized with ``codec`` (streamed)."""
-    return count_table(tokenized_pairs(src, tgt, codec, documents, max_chars),
-                       len(codec.src_vocab), len(codec.tgt_vocab), vocab_digest(codec), normaliser=normaliser)
+    return count_table(
+        tokenized_pairs(src, tgt, codec, documents, max_chars),
+        len(codec.src_vocab),
+        len(codec.tgt_vocab),
+        vocab_digest(codec),
+        normaliser=normaliser,
+    )
 
 
 # ----------------------------------------------------------------------------- z*
 
-def z_star(table: PMITable, src: Sequence[np.ndarray], tgt: Sequence[np.ndarray],
-           queries: Optional[Sequence[np.ndarray]] = None, chunk: int = 2048) -> list[np.ndarray]:
+
+def z_star(
+    table: PMITable,
+    src: Sequence[np.ndarray],
+    tgt: Sequence[np.ndarray],
+    queries: Optional[Sequence[np.ndarray]] = None,
+    chunk: int = 2048,
+) -> list[np.ndarray]:
     """eq. 7 at every target position of each sentence pair (int8 arrays shaped like ``tgt``).
 
     ``queries`` puts another token at position i while keeping x and the prefix y_<i: the
@@ -322,8 +348,9 @@ def z_star(table: PMITable, src: Sequence[np.ndarray], tgt: Sequence[np.ndarray]
     return out
 
 
-def _z_star_chunk(table: PMITable, src: Sequence[np.ndarray], tgt: Sequence[np.ndarray],
-                  queries: Optional[Sequence[np.ndarray]]) -> list[np.ndarray]:
+def _z_star_chunk(
+    table: PMITable, src: Sequence[np.ndarray], tgt: Sequence[np.ndarray], queries: Optional[Sequence[np.ndarray]]
+) -> list[np.ndarray]:
     t_flat, t_len, t_start = _flatten(tgt)
     q_flat = t_flat if queries is None else _flatten(queries)[0]
     if len(q_flat) != len(t_flat):
@@ -338,7 +365,7 @@ def _z_star_chunk(table: PMITable, src: Sequence[np.ndarray], tgt: Sequence[np.n
     n_prev = ragged_arange(t_len)
     prev = t_flat[np.repeat(t_start[sent], n_prev) + ragged_arange(n_prev)]
     target = _group_max(table.monolingual(np.repeat(q_flat, n_prev), prev), n_prev)
-    z = (source > target).astype(np.int8)                                        # eq. 7
+    z = (source > target).astype(np.int8)  # eq. 7
     return np.split(z, np.cumsum(t_len)[:-1]) if len(tgt) else []
 
 
@@ -354,6 +381,7 @@ def z_star_share(table: PMITable, pairs: Iterable[Pair], chunk: int = 2048) -> t
 
 
 # ----------------------------------------------------------------------------- training data
+
 
 def _ids_digest(h: "hashlib._Hash", seqs: Sequence[np.ndarray]) -> None:
     flat, lengths, _ = _flatten(seqs)
@@ -371,8 +399,9 @@ def _read_z_cache(path: str, normaliser: str) -> Optional[list[np.ndarray]]:
     return np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
 
 
-def sentence_z_star(table: PMITable, docs: Sequence[Sequence[Pair]],
-                    cache_dir: Optional[str] = None) -> list[list[np.ndarray]]:
+def sentence_z_star(
+    table: PMITable, docs: Sequence[Sequence[Pair]], cache_dir: Optional[str] = None
+) -> list[list[np.ndarray]]:
     """z* of every sentence of tokenized documents, read from or written to ``cache_dir``."""
     src = [s for d in docs for s, _ in d]
     tgt = [t for d in docs for _, t in d]
@@ -388,25 +417,30 @@ def sentence_z_star(table: PMITable, docs: Sequence[Sequence[Pair]],
         if path:
             os.makedirs(cache_dir, exist_ok=True)
             tmp = f"{path}.tmp{os.getpid()}.npz"
-            np.savez(tmp, z=np.concatenate(zs) if zs else np.zeros(0, np.int8),
-                     lengths=np.array([len(t) for t in tgt], dtype=np.int64), normaliser=np.array(table.normaliser))
+            np.savez(
+                tmp,
+                z=np.concatenate(zs) if zs else np.zeros(0, np.int8),
+                lengths=np.array([len(t) for t in tgt], dtype=np.int64),
+                normaliser=np.array(table.normaliser),
+            )
             os.replace(tmp, path)
     out, i = [], 0
     for d in docs:
-        out.append(zs[i:i + len(d)])
+        out.append(zs[i : i + len(d)])
         i += len(d)
     return out
 
 
-def attach_z_star(examples: Sequence, docs: Sequence[Sequence[Pair]], table: PMITable,
-                  cache_dir: Optional[str] = None) -> None:
+def attach_z_star(
+    examples: Sequence, docs: Sequence[Sequence[Pair]], table: PMITable, cache_dir: Optional[str] = None
+) -> None:
     """Set ``extra["z_star"]`` and ``extra["z_star_mask"]`` of every example, aligned with its
     target ``<s> y_1 … y_n </s> …``: markup gets no supervision (mask 0), and collation adds a 0
     for ``<eos>`` and padding. Each sentence is its own pair (x, y_<i) even inside a document."""
     per_sentence = sentence_z_star(table, docs, cache_dir)
     for ex in examples:
         z_parts, m_parts = [], []
-        for z in per_sentence[ex.doc][ex.first:ex.first + ex.n_sents]:
+        for z in per_sentence[ex.doc][ex.first : ex.first + ex.n_sents]:
             z_parts += [[0], z, [0]]
             m_parts += [[0], np.ones(len(z), np.int8), [0]]
         ex.extra["z_star"] = np.concatenate(z_parts).astype(np.int8)
@@ -426,8 +460,9 @@ class ZStarField:
 
     def __init__(self, section, ctx: FieldContext):
         if not section.table:
-            raise ConfigError(f"loss {section.type}: key 'table' is required (a PMI table built with "
-                              f"onmt_doc_build_pmi_table)")
+            raise ConfigError(
+                f"loss {section.type}: key 'table' is required (a PMI table built with onmt_doc_build_pmi_table)"
+            )
         self.who = section.type
         self.table = PMITable.load(section.table, ctx.codec, section.normaliser)
         self.cache_dir = ctx.cache_dir
@@ -436,5 +471,10 @@ class ZStarField:
         attach_z_star(examples, docs, self.table, self.cache_dir)
         labeled = sum(int(e.extra["z_star_mask"].sum()) for e in examples)
         source = sum(int(e.extra["z_star"].sum()) for e in examples)
-        log.info("%s: z* of %d target tokens, %.1f%% on the source side (z* = 1, %s normaliser)",
-                 self.who, labeled, 100.0 * source / max(labeled, 1), self.table.normaliser)
+        log.info(
+            "%s: z* of %d target tokens, %.1f%% on the source side (z* = 1, %s normaliser)",
+            self.who,
+            labeled,
+            100.0 * source / max(labeled, 1),
+            self.table.normaliser,
+        )

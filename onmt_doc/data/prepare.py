@@ -3,6 +3,7 @@
 The run folder (``log.dir``) holds ``subword.model`` (or ``src.subword`` and ``tgt.subword``) and
 ``vocab.txt`` (or ``vocab.src`` and ``vocab.tgt``); every checkpoint carries copies of them.
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,8 +29,12 @@ def _paths(run_dir: str, shared: bool) -> dict[str, str]:
     if shared:
         subword, vocab = os.path.join(run_dir, "subword.model"), os.path.join(run_dir, "vocab.txt")
         return {"src_subword": subword, "tgt_subword": subword, "src_vocab": vocab, "tgt_vocab": vocab}
-    return {"src_subword": os.path.join(run_dir, "src.subword"), "tgt_subword": os.path.join(run_dir, "tgt.subword"),
-            "src_vocab": os.path.join(run_dir, "vocab.src"), "tgt_vocab": os.path.join(run_dir, "vocab.tgt")}
+    return {
+        "src_subword": os.path.join(run_dir, "src.subword"),
+        "tgt_subword": os.path.join(run_dir, "tgt.subword"),
+        "src_vocab": os.path.join(run_dir, "vocab.src"),
+        "tgt_vocab": os.path.join(run_dir, "vocab.tgt"),
+    }
 
 
 def require_train_paths(cfg: Config) -> tuple[str, str]:
@@ -107,17 +112,34 @@ def data_cache_dir(cfg: Config, run_dir: str) -> str:
     return cfg.data.cache_dir or os.path.join(run_dir, "cache")
 
 
-def load_examples(cfg: Config, codec: Codec, src: str, tgt: str, unit: str, run_dir: str,
-                  filter_long: bool = True, fields: Sequence[FieldProvider] = ()) -> tuple[list[Example], list]:
+def load_examples(
+    cfg: Config,
+    codec: Codec,
+    src: str,
+    tgt: str,
+    unit: str,
+    run_dir: str,
+    filter_long: bool = True,
+    fields: Sequence[FieldProvider] = (),
+) -> tuple[list[Example], list]:
     """Instances of a parallel corpus for ``unit`` with the per-example ``fields`` (the ones losses
     ask for) attached, and its tokenized documents."""
-    docs, cached = load_tokenized(src, tgt, codec, cfg.data.documents, cfg.data.max_line_chars,
-                                  data_cache_dir(cfg, run_dir))
-    examples, dropped = build_instances(unit, docs, cfg.data.max_tokens, cfg.data.max_len if filter_long else 0,
-                                        cfg.data.max_sentences)
+    docs, cached = load_tokenized(
+        src, tgt, codec, cfg.data.documents, cfg.data.max_line_chars, data_cache_dir(cfg, run_dir)
+    )
+    examples, dropped = build_instances(
+        unit, docs, cfg.data.max_tokens, cfg.data.max_len if filter_long else 0, cfg.data.max_sentences
+    )
     n_sents = sum(len(d) for d in docs)
-    log.info("%s: %d documents, %d sentence pairs -> %d %s instances%s%s", src, len(docs), n_sents,
-             len(examples), unit, " (binarized cache)" if cached else "",
-             f"; {dropped} pairs dropped by data.max_len={cfg.data.max_len}" if dropped else "")
+    log.info(
+        "%s: %d documents, %d sentence pairs -> %d %s instances%s%s",
+        src,
+        len(docs),
+        n_sents,
+        len(examples),
+        unit,
+        " (binarized cache)" if cached else "",
+        f"; {dropped} pairs dropped by data.max_len={cfg.data.max_len}" if dropped else "",
+    )
     attach_fields(examples, docs, fields)
     return examples, docs

@@ -3,6 +3,7 @@
 The learned model travels inside every checkpoint as bytes, so translating needs the checkpoint
 alone: :meth:`Subword.to_dict` / :meth:`Subword.from_dict` are the checkpoint format.
 """
+
 from __future__ import annotations
 
 import os
@@ -84,8 +85,9 @@ class Subword:
                 learner = pyonmttok.SentencePieceLearner(vocab_size=size, character_coverage=1.0)
             else:
                 tok_mode, options = cls._options(kind, mode)
-                learner = pyonmttok.BPELearner(tokenizer=pyonmttok.Tokenizer(tok_mode, **options),
-                                               symbols=size, min_frequency=2)
+                learner = pyonmttok.BPELearner(
+                    tokenizer=pyonmttok.Tokenizer(tok_mode, **options), symbols=size, min_frequency=2
+                )
             learner.ingest_file(corpus)
             try:
                 learner.learn(path)

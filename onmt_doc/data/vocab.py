@@ -4,6 +4,7 @@ Every sentence is ``<s> w1 … wn </s>`` for every model, the decoder input star
 the decoder predicts ``<eos>`` after the last ``</s>``. The specials have the same ids in every
 vocabulary, so sentence and document checkpoints can initialise each other.
 """
+
 from __future__ import annotations
 
 import os
@@ -42,8 +43,9 @@ class Vocab:
     @classmethod
     def build(cls, counts: Counter, min_freq: int = 1, max_size: int = 0) -> "Vocab":
         """Most frequent first; ties broken alphabetically so the result is deterministic."""
-        items = sorted(((t, c) for t, c in counts.items() if c >= min_freq and t not in SPECIALS),
-                       key=lambda tc: (-tc[1], tc[0]))
+        items = sorted(
+            ((t, c) for t, c in counts.items() if c >= min_freq and t not in SPECIALS), key=lambda tc: (-tc[1], tc[0])
+        )
         if max_size:
             items = items[: max(0, max_size - len(SPECIALS))]
         return cls(list(SPECIALS) + [t for t, _ in items])

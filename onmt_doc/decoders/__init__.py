@@ -1,4 +1,5 @@
 """Decoders: one file per registered decoder."""
+
 from onmt_doc.registry import Registry
 
 REGISTRY = Registry("decoder")

@@ -1,6 +1,7 @@
 """The decoder interface: teacher-forced ``forward`` for training, ``init_state``/``step`` for
 incremental decoding. A stepwise decode must give the same outputs as ``forward`` (tested for
 every decoder)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from onmt_doc.parts import EncoderOut
 
 @dataclass
 class DecoderOut:
-    hidden: torch.Tensor                      # [B, T, D], fed to the generator
+    hidden: torch.Tensor  # [B, T, D], fed to the generator
     # what losses and analysis read (gates, attention); aux["stats"] holds per-token sums that
     # validation reports, keys "group/name" (TensorBoard valid/group/name, divided by target tokens)
     aux: dict = field(default_factory=dict)
@@ -28,6 +29,7 @@ class LengthLimit:
     """Output length cap ``min(ratio × source length + add, max_length)``, at least 1 (of a
     sentence, or of each sentence of a document for document decoders). ``max_length`` bounds the
     work of a long input line whatever the ratio (OpenNMT-py also caps at 250)."""
+
     ratio: float = 1.5
     add: int = 10
     max_length: int = 250
@@ -76,7 +78,7 @@ def force_tokens(log_probs: torch.Tensor, force: torch.Tensor) -> torch.Tensor:
 
 class Decoder(nn.Module):
     unit: ClassVar[str] = "sentence"
-    needs: ClassVar[tuple[str, ...]] = ()      # EncoderOut.extra keys it reads (checked when building)
+    needs: ClassVar[tuple[str, ...]] = ()  # EncoderOut.extra keys it reads (checked when building)
 
     def max_output_lengths(self, batch: Batch, limit: LengthLimit) -> torch.Tensor:
         """[B] most tokens beam search may generate per row (the final <eos> forced at the cap);
@@ -86,8 +88,9 @@ class Decoder(nn.Module):
     def forward(self, tgt_in: torch.Tensor, enc_out: EncoderOut, batch: Batch) -> DecoderOut:  # pragma: no cover
         raise NotImplementedError
 
-    def init_state(self, enc_out: EncoderOut, batch: Batch,
-                   limit: Optional[LengthLimit] = None) -> DecoderState:  # pragma: no cover
+    def init_state(
+        self, enc_out: EncoderOut, batch: Batch, limit: Optional[LengthLimit] = None
+    ) -> DecoderState:  # pragma: no cover
         """The state before the first step; ``limit`` is for decoders that cap parts of the output."""
         raise NotImplementedError
 

@@ -11,6 +11,7 @@ attention reads only the sentence's own words h^ctx_i: every row is then its own
 readings. Decoding state: the Transformer's, plus
 the per-layer document keys/values (shared, never reordered) and each row's document.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,34 +38,36 @@ from onmt_doc.parts import EncoderOut, PartContext
 class DocContextDecoderConfig(TransformerDecoderConfig):
     heads: int = option(8, "attention heads (self, cross and document); must divide `model.d_model`")
     context: Literal["document", "own_sentence"] = option(
-        "document", "what the DocEnc–Decoder attention reads (eqs. 8–9): `document` = C, the words (with context) "
+        "document",
+        "what the DocEnc–Decoder attention reads (eqs. 8–9): `document` = C, the words (with context) "
         "of every sentence of the document; `own_sentence` = only the sentence's own words h^ctx_i (useful with "
-        "the encoder's `word_context: false`)")
+        "the encoder's `word_context: false`)",
+    )
 
 
-DocumentContext = tuple[DocumentMemory, torch.Tensor]   # (a layer's keys/values of C, row -> document)
+DocumentContext = tuple[DocumentMemory, torch.Tensor]  # (a layer's keys/values of C, row -> document)
 
 
 @dataclass
 class DocContextState(TransformerState):
     source_fields: ClassVar[tuple[str, ...]] = ("cross_kv", "memory_mask", "row_doc")
     shared_fields: ClassVar[tuple[str, ...]] = ("doc_memory",)
-    doc_memory: list[DocumentMemory]     # per layer, one entry per document (own_sentence: per source row)
-    row_doc: torch.Tensor                # [R] entry of doc_memory each row reads
+    doc_memory: list[DocumentMemory]  # per layer, one entry per document (own_sentence: per source row)
+    row_doc: torch.Tensor  # [R] entry of doc_memory each row reads
 
 
 class DocContextDecoderLayer(TransformerDecoderLayer):
-    def __init__(self, d_model: int, heads: int, ff: int, dropout: float, attention_dropout: float,
-                 pre_norm: bool):
+    def __init__(self, d_model: int, heads: int, ff: int, dropout: float, attention_dropout: float, pre_norm: bool):
         super().__init__(d_model, heads, ff, dropout, attention_dropout, pre_norm)
         self.doc_attn = MultiHeadAttention(d_model, heads, attention_dropout, self_attention=False)
 
-    def source_attention(self, h: torch.Tensor, memory_kv: KV, memory_mask: torch.Tensor,
-                         context: Any = None) -> torch.Tensor:
+    def source_attention(
+        self, h: torch.Tensor, memory_kv: KV, memory_mask: torch.Tensor, context: Any = None
+    ) -> torch.Tensor:
         doc, row_doc = context
-        e = self.cross_attn.cross(h, memory_kv, memory_mask)                     # E: encoder-decoder attention
+        e = self.cross_attn.cross(h, memory_kv, memory_mask)  # E: encoder-decoder attention
         g = attend_documents(self.doc_attn, h, row_doc, doc, probe="dec_doc_context")  # eq. 9: G
-        return e + g                                                             # eq. 10: H = E + G
+        return e + g  # eq. 10: H = E + G
 
 
 @REGISTRY.register("doc_context", DocContextDecoderConfig)
@@ -78,9 +81,9 @@ class DocContextDecoder(TransformerDecoder):
         self.context = cfg.context
 
     def _document_memories(self, enc_out: EncoderOut) -> list[DocumentMemory]:
-        if self.context == "own_sentence":                                         # h^ctx_i per row
+        if self.context == "own_sentence":  # h^ctx_i per row
             c, pad = enc_out.extra["sentence_context"], enc_out.pad_mask
-        else:                                                                      # eq. 8: C
+        else:  # eq. 8: C
             c, pad = enc_out.extra["doc_memory"], enc_out.extra["doc_memory_pad"]
         return [document_memory(layer.doc_attn, c, pad) for layer in self.layers]
 
@@ -97,9 +100,14 @@ class DocContextDecoder(TransformerDecoder):
 
     def init_state(self, enc_out: EncoderOut, batch: Batch, limit: Optional[LengthLimit] = None) -> DocContextState:
         base = super().init_state(enc_out, batch, limit)
-        return DocContextState(step=base.step, self_kv=base.self_kv, cross_kv=base.cross_kv,
-                               memory_mask=base.memory_mask, doc_memory=self._document_memories(enc_out),
-                               row_doc=self._row_memory(enc_out))
+        return DocContextState(
+            step=base.step,
+            self_kv=base.self_kv,
+            cross_kv=base.cross_kv,
+            memory_mask=base.memory_mask,
+            doc_memory=self._document_memories(enc_out),
+            row_doc=self._row_memory(enc_out),
+        )
 
     def state_contexts(self, state: DocContextState) -> list[DocumentContext]:
         return [(doc, state.row_doc) for doc in state.doc_memory]

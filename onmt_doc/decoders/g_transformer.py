@@ -11,6 +11,7 @@ output's structure: ``<s>`` first and after every ``</s>`` while the source has 
 then ``<eos>``; no ``</s>`` before a sentence has a word; ``</s>`` forced at the sentence's length
 cap. The output therefore always has exactly the source's number of sentences.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,19 +48,30 @@ _NOT_WORDS = [PAD_ID, SOS_ID, BOS_ID, EOS_ID, MASK_ID]
 
 @dataclass
 class GTransformerDecoderConfig(TransformerDecoderConfig):
-    group_attention: bool = option(True, "`false` = the document-Transformer baseline (all layers global); the "
-                                   "same as `group_self_attention: false` with `group_cross_attention: false`")
-    group_self_attention: bool = option(True, "`false` = self-attention over the whole target prefix on every "
-                                        "layer, no self gates (target language locality off, table 5); "
-                                        "cross-attention keeps its own switch")
-    group_cross_attention: bool = option(True, "`false` = cross-attention over the whole source instance on every "
-                                         "layer, no cross gates (translation locality off, table 5); "
-                                         "self-attention keeps its own switch")
+    group_attention: bool = option(
+        True,
+        "`false` = the document-Transformer baseline (all layers global); the "
+        "same as `group_self_attention: false` with `group_cross_attention: false`",
+    )
+    group_self_attention: bool = option(
+        True,
+        "`false` = self-attention over the whole target prefix on every "
+        "layer, no self gates (target language locality off, table 5); "
+        "cross-attention keeps its own switch",
+    )
+    group_cross_attention: bool = option(
+        True,
+        "`false` = cross-attention over the whole source instance on every "
+        "layer, no cross gates (translation locality off, table 5); "
+        "self-attention keeps its own switch",
+    )
     global_layers: int = option(2, "top layers with combined self-attention; between 0 and `layers`")
     global_cross_layers: int = option(2, "top layers with combined cross-attention; between 0 and `layers`")
     top_attention: Literal["combined", "global"] = option(
-        "combined", "what those top layers use: group + global gate-summed (eq. 10), or global attention alone "
-        "(table 6, \"only global attention\")")
+        "combined",
+        "what those top layers use: group + global gate-summed (eq. 10), or global attention alone "
+        '(table 6, "only global attention")',
+    )
 
     def validate(self, path: str, root: Config) -> None:
         """The combined-attention layers are the top of the stack, so at most ``layers`` of them."""
@@ -70,51 +82,68 @@ class GTransformerDecoderConfig(TransformerDecoderConfig):
 
 @dataclass
 class GTransformerState(DecoderState):
-    source_fields: ClassVar[tuple[str, ...]] = ("cross_kv", "global_cross_kv", "memory_mask", "src_tags",
-                                                "n_src", "caps")
+    source_fields: ClassVar[tuple[str, ...]] = (
+        "cross_kv",
+        "global_cross_kv",
+        "memory_mask",
+        "src_tags",
+        "n_src",
+        "caps",
+    )
     step: int
-    tags: torch.Tensor               # [B, t] group tags of the tokens fed so far
-    n_sents: torch.Tensor            # [B] sentences started (<s> fed)
-    words: torch.Tensor              # [B] words fed since the last <s>
-    last: torch.Tensor               # [B] the last token fed
+    tags: torch.Tensor  # [B, t] group tags of the tokens fed so far
+    n_sents: torch.Tensor  # [B] sentences started (<s> fed)
+    words: torch.Tensor  # [B] words fed since the last <s>
+    last: torch.Tensor  # [B] the last token fed
     self_kv: list[Optional[KV]]
     global_self_kv: list[Optional[KV]]
     cross_kv: list[KV]
     global_cross_kv: list[Optional[KV]]
-    memory_mask: torch.Tensor        # [B, 1, 1, S]
-    src_tags: torch.Tensor           # [B, S]
-    n_src: torch.Tensor              # [B] source sentences
-    caps: torch.Tensor               # [B, K] word cap of each target sentence
+    memory_mask: torch.Tensor  # [B, 1, 1, S]
+    src_tags: torch.Tensor  # [B, S]
+    n_src: torch.Tensor  # [B] source sentences
+    caps: torch.Tensor  # [B, K] word cap of each target sentence
 
 
 @dataclass
 class _Forced:
     """What every layer needs in the teacher-forced pass (built once per batch)."""
-    keep: torch.Tensor               # [B, T] non-padding targets
+
+    keep: torch.Tensor  # [B, T] non-padding targets
     memory: torch.Tensor
-    memory_mask: torch.Tensor        # [B, 1, 1, S]
+    memory_mask: torch.Tensor  # [B, 1, 1, S]
     self_plan: Optional[BlockPlan]
     cross_plan: Optional[BlockPlan]
 
 
 @dataclass
 class _StepMasks:
-    keep: torch.Tensor               # [B, 1] (all True: one real query per row)
-    self_mask: torch.Tensor          # [B, 1, 1, t] keys of the query's sentence
-    cross_mask: torch.Tensor         # [B, 1, 1, S] source tokens of the aligned sentence
-    cross_has: torch.Tensor          # [B, 1, 1, 1] the aligned source sentence exists
+    keep: torch.Tensor  # [B, 1] (all True: one real query per row)
+    self_mask: torch.Tensor  # [B, 1, 1, t] keys of the query's sentence
+    cross_mask: torch.Tensor  # [B, 1, 1, S] source tokens of the aligned sentence
+    cross_has: torch.Tensor  # [B, 1, 1, 1] the aligned source sentence exists
 
 
 class GTransformerDecoderLayer(TransformerDecoderLayer):
-    def __init__(self, d_model: int, heads: int, ff: int, dropout: float, attention_dropout: float,
-                 pre_norm: bool, self_mode: str, cross_mode: str):
+    def __init__(
+        self,
+        d_model: int,
+        heads: int,
+        ff: int,
+        dropout: float,
+        attention_dropout: float,
+        pre_norm: bool,
+        self_mode: str,
+        cross_mode: str,
+    ):
         super().__init__(d_model, heads, ff, dropout, attention_dropout, pre_norm)
-        self.self_mode, self.cross_mode = self_mode, cross_mode     # group / global / combined
+        self.self_mode, self.cross_mode = self_mode, cross_mode  # group / global / combined
         combined_self, combined_cross = self_mode == COMBINED, cross_mode == COMBINED
         self.global_self_attn = MultiHeadAttention(d_model, heads, attention_dropout) if combined_self else None
         self.self_gate = GateSum(d_model, "dec_self") if combined_self else None
-        self.global_cross_attn = (MultiHeadAttention(d_model, heads, attention_dropout, self_attention=False)
-                                  if combined_cross else None)
+        self.global_cross_attn = (
+            MultiHeadAttention(d_model, heads, attention_dropout, self_attention=False) if combined_cross else None
+        )
         self.cross_gate = GateSum(d_model, "dec_cross") if combined_cross else None
 
     def _drop(self) -> float:
@@ -155,7 +184,7 @@ class GTransformerDecoderLayer(TransformerDecoderLayer):
         return self.ff_res(x, self.ff)
 
     def _self_step(self, h: torch.Tensor, state: GTransformerState, i: int, masks: _StepMasks) -> torch.Tensor:
-        mask = None if self.self_mode == GLOBAL else masks.self_mask    # the cache holds only the prefix
+        mask = None if self.self_mode == GLOBAL else masks.self_mask  # the cache holds only the prefix
         local, state.self_kv[i] = self.self_attn.step(h, state.self_kv[i], mask)
         if self.self_mode != COMBINED:
             return local
@@ -180,17 +209,21 @@ class GTransformerDecoder(Decoder):
 
     def __init__(self, cfg: GTransformerDecoderConfig, ctx: PartContext):
         super().__init__()
-        self_modes = attention_modes(cfg.layers, cfg.group_attention and cfg.group_self_attention,
-                                     cfg.global_layers, cfg.top_attention)
-        cross_modes = attention_modes(cfg.layers, cfg.group_attention and cfg.group_cross_attention,
-                                      cfg.global_cross_layers, cfg.top_attention)
-        self.group_self = any(m != GLOBAL for m in self_modes)      # some layer needs the block plans
+        self_modes = attention_modes(
+            cfg.layers, cfg.group_attention and cfg.group_self_attention, cfg.global_layers, cfg.top_attention
+        )
+        cross_modes = attention_modes(
+            cfg.layers, cfg.group_attention and cfg.group_cross_attention, cfg.global_cross_layers, cfg.top_attention
+        )
+        self.group_self = any(m != GLOBAL for m in self_modes)  # some layer needs the block plans
         self.group_cross = any(m != GLOBAL for m in cross_modes)
         self.embeddings = ctx.tgt_embeddings
         self.layers = nn.ModuleList(
-            GTransformerDecoderLayer(ctx.d_model, cfg.heads, cfg.ff, ctx.dropout, ctx.attention_dropout,
-                                     cfg.pre_norm, self_mode, cross_mode)
-            for self_mode, cross_mode in zip(self_modes, cross_modes))
+            GTransformerDecoderLayer(
+                ctx.d_model, cfg.heads, cfg.ff, ctx.dropout, ctx.attention_dropout, cfg.pre_norm, self_mode, cross_mode
+            )
+            for self_mode, cross_mode in zip(self_modes, cross_modes)
+        )
         self.final_norm = nn.LayerNorm(ctx.d_model) if cfg.pre_norm else nn.Identity()
 
     def forward(self, tgt_in: torch.Tensor, enc_out: EncoderOut, batch: Batch) -> DecoderOut:
@@ -217,7 +250,7 @@ class GTransformerDecoder(Decoder):
         n_groups = max(int(src_tags.max()), 1)
         counts = torch.zeros(src_tags.size(0), n_groups + 1, dtype=torch.long, device=src_tags.device)
         counts.scatter_add_(1, src_tags * keep, keep.long())
-        words = counts[:, 1:] - 2                                   # minus <s> and </s>
+        words = counts[:, 1:] - 2  # minus <s> and </s>
         return torch.where(words.ge(0), limit(words.clamp(min=0)), torch.full_like(words, -1))
 
     def init_state(self, enc_out: EncoderOut, batch: Batch, limit: Optional[LengthLimit] = None) -> GTransformerState:
@@ -226,15 +259,23 @@ class GTransformerDecoder(Decoder):
         layers = self.layers
         zeros = torch.zeros(b, dtype=torch.long, device=device)
         return GTransformerState(
-            step=0, tags=torch.zeros(b, 0, dtype=torch.long, device=device), n_sents=zeros, words=zeros,
+            step=0,
+            tags=torch.zeros(b, 0, dtype=torch.long, device=device),
+            n_sents=zeros,
+            words=zeros,
             last=torch.full_like(zeros, BOS_ID),
-            self_kv=[None] * len(layers), global_self_kv=[None] * len(layers),
+            self_kv=[None] * len(layers),
+            global_self_kv=[None] * len(layers),
             cross_kv=[layer.cross_attn.memory_kv(enc_out.memory) for layer in layers],
-            global_cross_kv=[layer.global_cross_attn.memory_kv(enc_out.memory) if layer.global_cross_attn else None
-                             for layer in layers],
-            memory_mask=enc_out.attention_mask(), src_tags=enc_out.groups,
+            global_cross_kv=[
+                layer.global_cross_attn.memory_kv(enc_out.memory) if layer.global_cross_attn else None
+                for layer in layers
+            ],
+            memory_mask=enc_out.attention_mask(),
+            src_tags=enc_out.groups,
             n_src=enc_out.groups.max(1).values,
-            caps=self._sentence_caps(enc_out.groups, src_keep, limit or LengthLimit()))
+            caps=self._sentence_caps(enc_out.groups, src_keep, limit or LengthLimit()),
+        )
 
     def step(self, tokens: torch.Tensor, state: GTransformerState) -> tuple[torch.Tensor, GTransformerState]:
         is_sos = tokens.eq(SOS_ID)

@@ -6,6 +6,7 @@ context gate: the target context t (after self-attention) and the source context
 feed-forward sublayer (eqs. 2–4). Decoding state, caches and ``step`` are the Transformer's; the
 teacher-forced pass also returns every layer's gates in ``aux["gates"]`` ([L, B, T, D]).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,15 +31,21 @@ class GatedTransformerDecoderConfig(PartConfig):
     layers: int = option(6, "number of layers")
     heads: int = option(8, "attention heads (self and cross); must divide `model.d_model`")
     ff: int = option(2048, "inner size of the feed-forward network")
-    norm: Placement = option("post", "layer norm placement: `post` = the Transformer's post-norm blocks with the "
-                             "gate (the default: it trained best on Multi30k at the benchmark budget, and the "
-                             "authors' THUMT Transformer is post-norm); `pre` = pre-norm blocks with a final layer "
-                             "norm; `paper` = every block is `x + dropout(LN(f(x)))` with "
-                             "`s = dropout(LN(cross-attention(t)))` (eqs. 2–3, read literally) and a final layer "
-                             "norm. See docs/models/context_gates.md")
-    gate: GateType = option("vector", "`vector` = the context gate of eq. 4; `sum` = the paper's Remark, `t + s` "
-                            "with no gate: the Transformer decoder with the blocks of `norm` (no `gates` for "
-                            "`pmi_gate_hinge`)")
+    norm: Placement = option(
+        "post",
+        "layer norm placement: `post` = the Transformer's post-norm blocks with the "
+        "gate (the default: it trained best on Multi30k at the benchmark budget, and the "
+        "authors' THUMT Transformer is post-norm); `pre` = pre-norm blocks with a final layer "
+        "norm; `paper` = every block is `x + dropout(LN(f(x)))` with "
+        "`s = dropout(LN(cross-attention(t)))` (eqs. 2–3, read literally) and a final layer "
+        "norm. See docs/models/context_gates.md",
+    )
+    gate: GateType = option(
+        "vector",
+        "`vector` = the context gate of eq. 4; `sum` = the paper's Remark, `t + s` "
+        "with no gate: the Transformer decoder with the blocks of `norm` (no `gates` for "
+        "`pmi_gate_hinge`)",
+    )
 
     def validate(self, path: str, root: Config) -> None:
         """Self- and cross-attention split model.d_model into ``heads`` slices."""
@@ -48,15 +55,24 @@ class GatedTransformerDecoderConfig(PartConfig):
 class GatedDecoderLayer(TransformerDecoderLayer):
     """``step`` is inherited (the gated block is a drop-in residual); ``forward`` also returns z."""
 
-    def __init__(self, d_model: int, heads: int, ff: int, dropout: float, attention_dropout: float,
-                 norm: Placement, gate: GateType = "vector"):
+    def __init__(
+        self,
+        d_model: int,
+        heads: int,
+        ff: int,
+        dropout: float,
+        attention_dropout: float,
+        norm: Placement,
+        gate: GateType = "vector",
+    ):
         super().__init__(d_model, heads, ff, dropout, attention_dropout, pre_norm=norm == "pre")
-        self.self_res = residual_block(d_model, dropout, norm)     # eq. 2: t = rn∘ln∘att(c, c<i)
-        self.cross_res = GatedResidual(d_model, dropout, norm, gate)   # eqs. 2, 4: s, z
-        self.ff_res = residual_block(d_model, dropout, norm)       # eq. 3: c = rn∘ln∘ff(...)
+        self.self_res = residual_block(d_model, dropout, norm)  # eq. 2: t = rn∘ln∘att(c, c<i)
+        self.cross_res = GatedResidual(d_model, dropout, norm, gate)  # eqs. 2, 4: s, z
+        self.ff_res = residual_block(d_model, dropout, norm)  # eq. 3: c = rn∘ln∘ff(...)
 
-    def forward(self, x: torch.Tensor, memory_kv: KV, memory_mask: torch.Tensor
-                ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def forward(
+        self, x: torch.Tensor, memory_kv: KV, memory_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         t = self.self_res(x, lambda h: self.self_attn(h, is_causal=True))
         mixed, z = self.cross_res.gated(t, lambda h: self.cross_attn.cross(h, memory_kv, memory_mask))
         return self.ff_res(mixed, self.ff), z
@@ -66,7 +82,7 @@ def gate_stats(gates: torch.Tensor, keep: torch.Tensor) -> dict[str, float]:
     """Validation sums for TensorBoard (valid/gate/mean, valid/gate/var after division by the
     target tokens): per token the mean gate over layers and dimensions, and the batch's gate
     variance weighted by its tokens (the exact variance over a set: onmt_doc_gate_analysis)."""
-    z = gates.float()[:, keep]                                         # [L, N, D]
+    z = gates.float()[:, keep]  # [L, N, D]
     n = z.size(1)
     if n == 0:
         return {"gate/mean": 0.0, "gate/var": 0.0}
@@ -82,7 +98,8 @@ class GatedTransformerDecoder(TransformerDecoder):
         self.embeddings = ctx.tgt_embeddings
         self.layers = nn.ModuleList(
             GatedDecoderLayer(ctx.d_model, cfg.heads, cfg.ff, ctx.dropout, ctx.attention_dropout, cfg.norm, cfg.gate)
-            for _ in range(cfg.layers))
+            for _ in range(cfg.layers)
+        )
         # the paper's blocks never normalise the residual stream itself: normalise it once on top
         self.final_norm = nn.Identity() if cfg.norm == "post" else nn.LayerNorm(ctx.d_model)
 
@@ -93,9 +110,9 @@ class GatedTransformerDecoder(TransformerDecoder):
         for layer in self.layers:
             x, z = layer(x, layer.cross_attn.memory_kv(enc_out.memory), mask)
             gates.append(z)
-        if not gates or gates[0] is None:                                 # gate: sum, nothing to report
+        if not gates or gates[0] is None:  # gate: sum, nothing to report
             return DecoderOut(self.final_norm(x))
-        aux = {"gates": torch.stack(gates)}                               # [L, B, T, D]
+        aux = {"gates": torch.stack(gates)}  # [L, B, T, D]
         if not self.training:
             aux["stats"] = gate_stats(aux["gates"], tgt_in.ne(PAD_ID))
         return DecoderOut(self.final_norm(x), aux)

@@ -6,6 +6,7 @@ the paper's table 3), with the Transformer's residual blocks and norm placement.
 every position at once; decoding carries per layer only the running input sum and the cell
 (``[B, D]`` each), so a step costs the same at position 5 and at position 500.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,20 +33,25 @@ class MHPLSTMDecoderConfig(PartConfig):
     layers: int = option(6, "number of layers")
     heads: int = option(8, "MHPLSTM heads (eqs. 19–21) and cross-attention heads; must divide `model.d_model`")
     ff: int = option(2048, "inner size of the feed-forward sublayer")
-    ffn: bool = option(True, "`false` drops the feed-forward sublayer (the paper's table 3, \"− FFN\")")
-    hidden_layers: int = option(2, "hidden state from a 2-layer network (eq. 14, the paper's choice) or 1 layer "
-                                "(eq. 13); must be 1 or 2")
-    hidden_ratio: int = option(4, "inner width of eq. 14's network in multiples of the head size (`d_model / "
-                               "heads`); at least 1", minimum=1)
-    positions: bool = option(True, "add sinusoidal positions to the target embeddings; `false` leaves word order "
-                             "to the recurrence")
+    ffn: bool = option(True, '`false` drops the feed-forward sublayer (the paper\'s table 3, "− FFN")')
+    hidden_layers: int = option(
+        2, "hidden state from a 2-layer network (eq. 14, the paper's choice) or 1 layer (eq. 13); must be 1 or 2"
+    )
+    hidden_ratio: int = option(
+        4, "inner width of eq. 14's network in multiples of the head size (`d_model / heads`); at least 1", minimum=1
+    )
+    positions: bool = option(
+        True, "add sinusoidal positions to the target embeddings; `false` leaves word order to the recurrence"
+    )
     norm_group: Literal["per_head", "all_heads"] = option(
-        "per_head", "which features share a layer norm's mean and deviation: each head's own (the paper's "
+        "per_head",
+        "which features share a layer norm's mean and deviation: each head's own (the paper's "
         "independent per-head HPLSTMs, eq. 20), or all heads of a position together, as the authors' released code "
         "does (LN(s), output gate and eq. 14's inner layer over d_model; both gates together; with "
         "`hidden_layers: 1` both gates and h together). Same parameter count either way (with `hidden_layers: 2` "
         "also the same names and shapes). See "
-        "[models/mhplstm.md](models/mhplstm.md#layer-normalisation-per-head-or-over-all-heads)")
+        "[models/mhplstm.md](models/mhplstm.md#layer-normalisation-per-head-or-over-all-heads)",
+    )
     pre_norm: bool = option(True, "pre-norm with final layer norm, or post-norm, as for `transformer`")
 
     def validate(self, path: str, root: Config) -> None:
@@ -59,24 +65,24 @@ class MHPLSTMDecoderConfig(PartConfig):
 class MHPLSTMState(DecoderState):
     source_fields: ClassVar[tuple[str, ...]] = ("cross_kv", "memory_mask")
     step: int
-    recurrent: list[HPLSTMState]     # per layer (running input sum, cell), [B, D] each
+    recurrent: list[HPLSTMState]  # per layer (running input sum, cell), [B, D] each
     cross_kv: list[KV]
-    memory_mask: torch.Tensor        # [B, 1, 1, S]
+    memory_mask: torch.Tensor  # [B, 1, 1, S]
 
 
 class MHPLSTMDecoderLayer(nn.Module):
     def __init__(self, cfg: MHPLSTMDecoderConfig, d_model: int, dropout: float, attention_dropout: float):
         super().__init__()
-        self.hplstm = MultiHeadHPLSTM(d_model, cfg.heads, dropout, cfg.hidden_layers, cfg.hidden_ratio,
-                                      cfg.norm_group)
+        self.hplstm = MultiHeadHPLSTM(d_model, cfg.heads, dropout, cfg.hidden_layers, cfg.hidden_ratio, cfg.norm_group)
         self.cross_attn = MultiHeadAttention(d_model, cfg.heads, attention_dropout, self_attention=False)
         self.hplstm_res = Residual(d_model, dropout, cfg.pre_norm)
         self.cross_res = Residual(d_model, dropout, cfg.pre_norm)
         self.ff = FeedForward(d_model, cfg.ff, dropout) if cfg.ffn else None
         self.ff_res = Residual(d_model, dropout, cfg.pre_norm) if cfg.ffn else None
 
-    def forward(self, x: torch.Tensor, memory_kv: KV, memory_mask: torch.Tensor,
-                state: Optional[HPLSTMState] = None) -> tuple[torch.Tensor, HPLSTMState]:
+    def forward(
+        self, x: torch.Tensor, memory_kv: KV, memory_mask: torch.Tensor, state: Optional[HPLSTMState] = None
+    ) -> tuple[torch.Tensor, HPLSTMState]:
         """All positions of ``x`` after the prefix in ``state`` (None for a whole target)."""
         new_state = state
 
@@ -98,8 +104,9 @@ class MHPLSTMDecoder(Decoder):
         super().__init__()
         self.embeddings = ctx.tgt_embeddings
         self.positions = cfg.positions
-        self.layers = nn.ModuleList(MHPLSTMDecoderLayer(cfg, ctx.d_model, ctx.dropout, ctx.attention_dropout)
-                                    for _ in range(cfg.layers))
+        self.layers = nn.ModuleList(
+            MHPLSTMDecoderLayer(cfg, ctx.d_model, ctx.dropout, ctx.attention_dropout) for _ in range(cfg.layers)
+        )
         self.final_norm = nn.LayerNorm(ctx.d_model) if cfg.pre_norm else nn.Identity()
 
     def forward(self, tgt_in: torch.Tensor, enc_out: EncoderOut, batch: Batch) -> DecoderOut:
@@ -112,9 +119,12 @@ class MHPLSTMDecoder(Decoder):
     def init_state(self, enc_out: EncoderOut, batch: Batch, limit: Optional[LengthLimit] = None) -> MHPLSTMState:
         b, d = enc_out.memory.size(0), enc_out.memory.size(2)
         zeros = enc_out.memory.new_zeros(b, d)
-        return MHPLSTMState(step=0, recurrent=[(zeros, zeros)] * len(self.layers),
-                            cross_kv=[layer.cross_attn.memory_kv(enc_out.memory) for layer in self.layers],
-                            memory_mask=enc_out.attention_mask())
+        return MHPLSTMState(
+            step=0,
+            recurrent=[(zeros, zeros)] * len(self.layers),
+            cross_kv=[layer.cross_attn.memory_kv(enc_out.memory) for layer in self.layers],
+            memory_mask=enc_out.attention_mask(),
+        )
 
     def step(self, tokens: torch.Tensor, state: MHPLSTMState) -> tuple[torch.Tensor, MHPLSTMState]:
         x = self.embeddings(tokens[:, None], offset=state.step, with_positions=self.positions)

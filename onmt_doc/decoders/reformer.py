@@ -5,6 +5,7 @@ Reformer-base is this decoder after the ``embedding`` encoder (source embeddings
 Reformer-fast puts a Transformer encoder (the paper's PreNet) in front of it. Decoding computes
 only the new 1×S×E row per step, through every layer, with the target-axis keys/values cached.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,13 +41,19 @@ class ReformerDecoderConfig(PartConfig):
     layers: int = option(6, "number of Reformer layers (4 sublayers each)")
     heads: int = option(8, "attention heads of both separable attentions; must divide `model.d_model`")
     ff: int = option(2048, "inner size of the two feed-forward networks of a layer")
-    shared_dropout: bool = option(True, "`model.dropout` as the paper's Dropout1d on attention outputs (noise "
-                                  "shared along S after target attention, along T after source attention) and "
-                                  "Dropout2d on FFN outputs (shared along S and T); `false` = elementwise dropout "
-                                  "(the ablation). The FFNs have no inner dropout")
-    checkpoint_layers: bool = option(False, "gradient checkpointing per layer: keep only each layer's input for the "
-                                     "backward pass and recompute the rest; activation memory of one layer instead "
-                                     "of `layers`, at about one more forward pass")
+    shared_dropout: bool = option(
+        True,
+        "`model.dropout` as the paper's Dropout1d on attention outputs (noise "
+        "shared along S after target attention, along T after source attention) and "
+        "Dropout2d on FFN outputs (shared along S and T); `false` = elementwise dropout "
+        "(the ablation). The FFNs have no inner dropout",
+    )
+    checkpoint_layers: bool = option(
+        False,
+        "gradient checkpointing per layer: keep only each layer's input for the "
+        "backward pass and recompute the rest; activation memory of one layer instead "
+        "of `layers`, at about one more forward pass",
+    )
 
     def validate(self, path: str, root: Config) -> None:
         """Both separable attentions split model.d_model into ``heads`` slices."""
@@ -57,9 +64,9 @@ class ReformerDecoderConfig(PartConfig):
 class ReformerState(DecoderState):
     source_fields: ClassVar[tuple[str, ...]] = ("memory", "src_keep")
     step: int
-    memory: torch.Tensor                 # [B, S, E] source side of the joint input
-    src_keep: torch.Tensor               # [B, S] True on real source tokens
-    target_kv: list[Optional[KV]]        # per layer, keys/values along T: [B, S, heads, t, d_head]
+    memory: torch.Tensor  # [B, S, E] source side of the joint input
+    src_keep: torch.Tensor  # [B, S] True on real source tokens
+    target_kv: list[Optional[KV]]  # per layer, keys/values along T: [B, S, heads, t, d_head]
 
 
 def joint_input(source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -72,8 +79,9 @@ class ReformerLayer(nn.Module):
     """Target attention (causal, along T), FFN, source attention (along S), FFN; each pre-norm with
     a residual (eq. 1)."""
 
-    def __init__(self, d_model: int, heads: int, ff: int, dropout: float, attention_dropout: float,
-                 shared_dropout: bool):
+    def __init__(
+        self, d_model: int, heads: int, ff: int, dropout: float, attention_dropout: float, shared_dropout: bool
+    ):
         super().__init__()
 
         def drop_1d(shared_axis: int) -> nn.Module:
@@ -84,11 +92,11 @@ class ReformerLayer(nn.Module):
 
         self.target_attn = TargetAttention(d_model, heads, attention_dropout)
         self.source_attn = SourceAttention(d_model, heads, attention_dropout)
-        self.target_ff = FeedForward(d_model, ff, 0.0)       # no inner dropout (fairseq's default)
+        self.target_ff = FeedForward(d_model, ff, 0.0)  # no inner dropout (fairseq's default)
         self.source_ff = FeedForward(d_model, ff, 0.0)
-        self.target_attn_res = JointResidual(d_model, drop_1d(SOURCE_AXIS))   # aggregates T: noise shared along S
+        self.target_attn_res = JointResidual(d_model, drop_1d(SOURCE_AXIS))  # aggregates T: noise shared along S
         self.target_ff_res = JointResidual(d_model, drop_2d())
-        self.source_attn_res = JointResidual(d_model, drop_1d(TARGET_AXIS))   # aggregates S: noise shared along T
+        self.source_attn_res = JointResidual(d_model, drop_1d(TARGET_AXIS))  # aggregates S: noise shared along T
         self.source_ff_res = JointResidual(d_model, drop_2d())
 
     def forward(self, x: torch.Tensor, src_keep: torch.Tensor) -> torch.Tensor:
@@ -121,7 +129,8 @@ class ReformerDecoder(Decoder):
         self.embeddings = ctx.tgt_embeddings
         self.layers = nn.ModuleList(
             ReformerLayer(ctx.d_model, cfg.heads, cfg.ff, ctx.dropout, ctx.attention_dropout, cfg.shared_dropout)
-            for _ in range(cfg.layers))
+            for _ in range(cfg.layers)
+        )
         self.reduction = Reduction(ctx.d_model)
         self.checkpoint_layers = cfg.checkpoint_layers
 
@@ -135,11 +144,12 @@ class ReformerDecoder(Decoder):
         return DecoderOut(self.reduction(x, keep))
 
     def init_state(self, enc_out: EncoderOut, batch: Batch, limit: Optional[LengthLimit] = None) -> ReformerState:
-        return ReformerState(step=0, memory=enc_out.memory, src_keep=~enc_out.pad_mask,
-                             target_kv=[None] * len(self.layers))
+        return ReformerState(
+            step=0, memory=enc_out.memory, src_keep=~enc_out.pad_mask, target_kv=[None] * len(self.layers)
+        )
 
     def step(self, tokens: torch.Tensor, state: ReformerState) -> tuple[torch.Tensor, ReformerState]:
-        row = joint_input(state.memory, self.embeddings(tokens[:, None], offset=state.step))   # [B, 1, S, E]
+        row = joint_input(state.memory, self.embeddings(tokens[:, None], offset=state.step))  # [B, 1, S, E]
         for i, layer in enumerate(self.layers):
             row, state.target_kv[i] = layer.step(row, state.target_kv[i], state.src_keep)
         state.step += 1

@@ -1,4 +1,5 @@
 """Transformer decoder (Vaswani et al., 2017) with cached self- and cross-attention keys/values."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,12 +37,11 @@ class TransformerState(DecoderState):
     step: int
     self_kv: list[Optional[KV]]
     cross_kv: list[KV]
-    memory_mask: torch.Tensor        # [B, 1, 1, S]
+    memory_mask: torch.Tensor  # [B, 1, 1, S]
 
 
 class TransformerDecoderLayer(nn.Module):
-    def __init__(self, d_model: int, heads: int, ff: int, dropout: float, attention_dropout: float,
-                 pre_norm: bool):
+    def __init__(self, d_model: int, heads: int, ff: int, dropout: float, attention_dropout: float, pre_norm: bool):
         super().__init__()
         self.self_attn = MultiHeadAttention(d_model, heads, attention_dropout)
         self.cross_attn = MultiHeadAttention(d_model, heads, attention_dropout, self_attention=False)
@@ -50,8 +50,9 @@ class TransformerDecoderLayer(nn.Module):
         self.cross_res = Residual(d_model, dropout, pre_norm)
         self.ff_res = Residual(d_model, dropout, pre_norm)
 
-    def source_attention(self, h: torch.Tensor, memory_kv: KV, memory_mask: torch.Tensor,
-                         context: Any = None) -> torch.Tensor:
+    def source_attention(
+        self, h: torch.Tensor, memory_kv: KV, memory_mask: torch.Tensor, context: Any = None
+    ) -> torch.Tensor:
         """What the cross-attention sublayer adds; ``context`` is for layers that attend to more
         than the sentence memory (HM-GDC's document context)."""
         return self.cross_attn.cross(h, memory_kv, memory_mask)
@@ -61,8 +62,9 @@ class TransformerDecoderLayer(nn.Module):
         x = self.cross_res(x, lambda h: self.source_attention(h, memory_kv, memory_mask, context))
         return self.ff_res(x, self.ff)
 
-    def step(self, x: torch.Tensor, cache: Optional[KV], memory_kv: KV,
-             memory_mask: torch.Tensor, context: Any = None) -> tuple[torch.Tensor, KV]:
+    def step(
+        self, x: torch.Tensor, cache: Optional[KV], memory_kv: KV, memory_mask: torch.Tensor, context: Any = None
+    ) -> tuple[torch.Tensor, KV]:
         new_cache = None
 
         def attend(h: torch.Tensor) -> torch.Tensor:
@@ -77,14 +79,15 @@ class TransformerDecoderLayer(nn.Module):
 
 @REGISTRY.register("transformer", TransformerDecoderConfig)
 class TransformerDecoder(Decoder):
-    layer_type: ClassVar[type] = TransformerDecoderLayer   # subclasses with other layers set theirs
+    layer_type: ClassVar[type] = TransformerDecoderLayer  # subclasses with other layers set theirs
 
     def __init__(self, cfg: TransformerDecoderConfig, ctx: PartContext):
         super().__init__()
         self.embeddings = ctx.tgt_embeddings
         self.layers = nn.ModuleList(
             self.layer_type(ctx.d_model, cfg.heads, cfg.ff, ctx.dropout, ctx.attention_dropout, cfg.pre_norm)
-            for _ in range(cfg.layers))
+            for _ in range(cfg.layers)
+        )
         self.final_norm = nn.LayerNorm(ctx.d_model) if cfg.pre_norm else nn.Identity()
 
     def layer_contexts(self, enc_out: EncoderOut) -> list[Any]:
@@ -99,9 +102,12 @@ class TransformerDecoder(Decoder):
         return DecoderOut(self.final_norm(x))
 
     def init_state(self, enc_out: EncoderOut, batch: Batch, limit: Optional[LengthLimit] = None) -> TransformerState:
-        return TransformerState(step=0, self_kv=[None] * len(self.layers),
-                                cross_kv=[layer.cross_attn.memory_kv(enc_out.memory) for layer in self.layers],
-                                memory_mask=enc_out.attention_mask())
+        return TransformerState(
+            step=0,
+            self_kv=[None] * len(self.layers),
+            cross_kv=[layer.cross_attn.memory_kv(enc_out.memory) for layer in self.layers],
+            memory_mask=enc_out.attention_mask(),
+        )
 
     def step(self, tokens: torch.Tensor, state: TransformerState) -> tuple[torch.Tensor, TransformerState]:
         x = self.embeddings(tokens[:, None], offset=state.step)

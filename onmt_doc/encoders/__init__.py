@@ -1,4 +1,5 @@
 """Encoders: one file per registered encoder."""
+
 from onmt_doc.registry import Registry
 
 REGISTRY = Registry("encoder")

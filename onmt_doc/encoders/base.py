@@ -1,4 +1,5 @@
 """The encoder interface (its output, ``EncoderOut``, is in ``onmt_doc.parts``)."""
+
 from __future__ import annotations
 
 from typing import ClassVar
@@ -13,7 +14,7 @@ class Encoder(nn.Module):
     """``forward(batch) -> EncoderOut``. ``unit`` says which instances the encoder needs."""
 
     unit: ClassVar[str] = "sentence"
-    provides: ClassVar[tuple[str, ...]] = ()   # EncoderOut.extra keys it fills for decoders
+    provides: ClassVar[tuple[str, ...]] = ()  # EncoderOut.extra keys it fills for decoders
 
     def forward(self, batch: Batch) -> EncoderOut:  # pragma: no cover - interface
         raise NotImplementedError

@@ -1,6 +1,7 @@
 """The ``embedding`` encoder: source token embeddings + positions, no layers. With the ``reformer``
 decoder it makes Reformer-base (Li et al., 2020), whose joint representation starts from the raw
 source embeddings (eq. 4)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

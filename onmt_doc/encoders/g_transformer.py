@@ -6,6 +6,7 @@ Parameter names follow the Transformer encoder (``layers.N.self_attn`` is the gr
 sentence-level Transformer checkpoint initialises it through ``train.init_from``; the global
 attention and the gates are new.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,15 +38,23 @@ from onmt_doc.parts import EncoderOut, PartContext
 @dataclass
 class GTransformerEncoderConfig(TransformerEncoderConfig):
     heads: int = option(8, "attention heads (group and global); must divide `model.d_model`")
-    group_attention: bool = option(True, "`false` = the document-Transformer baseline: every layer attends over "
-                                   "the whole instance, no gates (`global_layers` then has no effect); with the "
-                                   "decoder's `group_self_attention: false` it removes the paper's language "
-                                   "locality (table 5)")
-    global_layers: int = option(2, "top layers with combined (group + global) attention; between 0 and "
-                                "`layers`; `0` = the paper's \"only group attention\" (table 6)")
+    group_attention: bool = option(
+        True,
+        "`false` = the document-Transformer baseline: every layer attends over "
+        "the whole instance, no gates (`global_layers` then has no effect); with the "
+        "decoder's `group_self_attention: false` it removes the paper's language "
+        "locality (table 5)",
+    )
+    global_layers: int = option(
+        2,
+        "top layers with combined (group + global) attention; between 0 and "
+        '`layers`; `0` = the paper\'s "only group attention" (table 6)',
+    )
     top_attention: Literal["combined", "global"] = option(
-        "combined", "what the top `global_layers` layers use: group + global attention gate-summed (eq. 10), or "
-        "global attention alone, no group attention and no gate (table 6, \"only global attention\")")
+        "combined",
+        "what the top `global_layers` layers use: group + global attention gate-summed (eq. 10), or "
+        'global attention alone, no group attention and no gate (table 6, "only global attention")',
+    )
 
     def validate(self, path: str, root: Config) -> None:
         """The combined-attention layers are the top of the stack, so at most ``layers`` of them."""
@@ -54,26 +63,30 @@ class GTransformerEncoderConfig(TransformerEncoderConfig):
 
 
 class GTransformerEncoderLayer(TransformerEncoderLayer):
-    def __init__(self, d_model: int, heads: int, ff: int, dropout: float, attention_dropout: float,
-                 pre_norm: bool, mode: str):
+    def __init__(
+        self, d_model: int, heads: int, ff: int, dropout: float, attention_dropout: float, pre_norm: bool, mode: str
+    ):
         super().__init__(d_model, heads, ff, dropout, attention_dropout, pre_norm)
-        self.mode = mode                # group / global / combined (attention_modes)
+        self.mode = mode  # group / global / combined (attention_modes)
         combined = mode == COMBINED
         self.global_attn = MultiHeadAttention(d_model, heads, attention_dropout) if combined else None
         self.gate = GateSum(d_model, "enc_self") if combined else None
 
-    def forward(self, x: torch.Tensor, plan: Optional[BlockPlan], keep: torch.Tensor,
-                mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, plan: Optional[BlockPlan], keep: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
         x = self.attn_res(x, lambda h: self.attention(h, plan, keep, mask))
         return self.ff_res(x, self.ff)
 
-    def attention(self, h: torch.Tensor, plan: Optional[BlockPlan], keep: torch.Tensor,
-                  mask: torch.Tensor) -> torch.Tensor:
-        if self.mode == GLOBAL:         # eq. 5 over the whole instance
+    def attention(
+        self, h: torch.Tensor, plan: Optional[BlockPlan], keep: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        if self.mode == GLOBAL:  # eq. 5 over the whole instance
             return self.self_attn(h, mask, probe=("enc_self_global", keep))
         attn = self.self_attn
-        local = attn.merge(group_attend(plan, *attn.project_qkv(h), attn.dropout if self.training else 0.0,
-                                        probe="enc_self_group"))     # eq. 8
+        local = attn.merge(
+            group_attend(plan, *attn.project_qkv(h), attn.dropout if self.training else 0.0, probe="enc_self_group")
+        )  # eq. 8
         if self.mode == GROUP:
             return local
         return self.gate(local, self.global_attn(h, mask, probe=("enc_self_global", keep)), keep)
@@ -86,12 +99,14 @@ class GTransformerEncoder(Encoder):
     def __init__(self, cfg: GTransformerEncoderConfig, ctx: PartContext):
         super().__init__()
         modes = attention_modes(cfg.layers, cfg.group_attention, cfg.global_layers, cfg.top_attention)
-        self.group = any(m != GLOBAL for m in modes)      # some layer needs the block plan
+        self.group = any(m != GLOBAL for m in modes)  # some layer needs the block plan
         self.embeddings = ctx.src_embeddings
         self.layers = nn.ModuleList(
-            GTransformerEncoderLayer(ctx.d_model, cfg.heads, cfg.ff, ctx.dropout, ctx.attention_dropout,
-                                     cfg.pre_norm, mode)
-            for mode in modes)
+            GTransformerEncoderLayer(
+                ctx.d_model, cfg.heads, cfg.ff, ctx.dropout, ctx.attention_dropout, cfg.pre_norm, mode
+            )
+            for mode in modes
+        )
         self.final_norm = nn.LayerNorm(ctx.d_model) if cfg.pre_norm else nn.Identity()
 
     def forward(self, batch: Batch) -> EncoderOut:

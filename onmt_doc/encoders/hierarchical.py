@@ -18,6 +18,7 @@ document context C = [h^ctx_1; …; h^ctx_N] packed per document (eq. 8) for the
 decoder. Parameter names of the sentence encoder equal the Transformer encoder's, so a sentence
 model initialises it (two-step training, ``train.init_from``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,38 +48,55 @@ class HierarchicalEncoderConfig(TransformerEncoderConfig):
     heads: int = option(8, "attention heads (every attention of the encoder); must divide `model.d_model`")
     ff: int = option(2048, "inner size of the feed-forward networks (sentence and document layers)")
     pre_norm: bool = option(True, "as for `transformer`; also for the document layers")
-    doc_layers: int = option(2, "document encoder layers over the sentence vectors (eq. 4); with "
-                             "`share_attention` at most `layers`")
-    share_attention: bool = option(True, "the document encoder reuses the sentence encoder's self-attention "
-                                   "parameters (paper, sec. 2.3): the pooling attention (eq. 2) is the top "
-                                   "sentence layer's, document layer k's is sentence layer k's; `false` = their own")
-    pooling: Literal["mean", "max"] = option("mean", "how eq. 3 turns a sentence's self-attention outputs into one "
-                                             "vector")
-    doc_positions: bool = option(True, "add a sinusoidal encoding of each sentence's position in its document "
-                                 "(window) to the sentence vectors before the document layers")
-    word_context: bool = option(True, "the decoder's cross-attention reads the words with document context "
-                                "(eq. 7); `false` = the words alone, which with the `doc_context` decoder is the "
-                                "paper's \"decoder only\" integration (with another decoder the context would be "
-                                "unused: a config error)")
+    doc_layers: int = option(
+        2, "document encoder layers over the sentence vectors (eq. 4); with `share_attention` at most `layers`"
+    )
+    share_attention: bool = option(
+        True,
+        "the document encoder reuses the sentence encoder's self-attention "
+        "parameters (paper, sec. 2.3): the pooling attention (eq. 2) is the top "
+        "sentence layer's, document layer k's is sentence layer k's; `false` = their own",
+    )
+    pooling: Literal["mean", "max"] = option(
+        "mean", "how eq. 3 turns a sentence's self-attention outputs into one vector"
+    )
+    doc_positions: bool = option(
+        True,
+        "add a sinusoidal encoding of each sentence's position in its document "
+        "(window) to the sentence vectors before the document layers",
+    )
+    word_context: bool = option(
+        True,
+        "the decoder's cross-attention reads the words with document context "
+        "(eq. 7); `false` = the words alone, which with the `doc_context` decoder is the "
+        'paper\'s "decoder only" integration (with another decoder the context would be '
+        "unused: a config error)",
+    )
     context_dropout: float = option(0.1, "P of the residual dropout that adds the context to each word (eq. 7)")
     context: Literal["own_sentence", "document"] = option(
-        "own_sentence", "what a word's context attention reads (eqs. 5–6): `own_sentence` = H^S_i, the document "
+        "own_sentence",
+        "what a word's context attention reads (eqs. 5–6): `own_sentence` = H^S_i, the document "
         "encoder's output at the word's own sentence slot, weighted per head by σ(q·k/√d_head) with query and key "
         "from the word (the other sentences reach it through eq. 4); `document` = attention over every H^S_k of "
-        "its document. See [models/hm_gdc.md](models/hm_gdc.md#eqs-56-what-a-word-reads-encodercontext)")
+        "its document. See [models/hm_gdc.md](models/hm_gdc.md#eqs-56-what-a-word-reads-encodercontext)",
+    )
 
     def validate(self, path: str, root: Config) -> None:
         """Shared document layers borrow sentence layers' attention; without word context the
         document context reaches the output only through a decoder that reads ``doc_memory``."""
         super().validate(path, root)
         if self.share_attention and self.doc_layers > self.layers:
-            raise ConfigError(f"{path}.doc_layers: with share_attention each document layer reuses a sentence "
-                              f"layer's self-attention, so at most {path}.layers ({self.layers}), got "
-                              f"{self.doc_layers}; or set share_attention: false")
+            raise ConfigError(
+                f"{path}.doc_layers: with share_attention each document layer reuses a sentence "
+                f"layer's self-attention, so at most {path}.layers ({self.layers}), got "
+                f"{self.doc_layers}; or set share_attention: false"
+            )
         decoder = root.model.decoder.type
         if not self.word_context and "doc_memory" not in registry_for("decoder").get(decoder).cls.needs:
-            raise ConfigError(f"{path}.word_context: false leaves the document context unused with decoder "
-                              f"{decoder}; use decoder doc_context (decoder-only integration) or set it true")
+            raise ConfigError(
+                f"{path}.word_context: false leaves the document context unused with decoder "
+                f"{decoder}; use decoder doc_context (decoder-only integration) or set it true"
+            )
 
 
 @REGISTRY.register("hierarchical", HierarchicalEncoderConfig)
@@ -90,11 +108,13 @@ class HierarchicalEncoder(TransformerEncoder):
         super().__init__(cfg, ctx)
         d = ctx.d_model
         shared = cfg.share_attention
-        self.sentence_attn = (self.layers[-1].self_attn if shared
-                              else MultiHeadAttention(d, cfg.heads, ctx.attention_dropout))          # eq. 2
+        self.sentence_attn = (
+            self.layers[-1].self_attn if shared else MultiHeadAttention(d, cfg.heads, ctx.attention_dropout)
+        )  # eq. 2
         self.doc_layers = nn.ModuleList(
             TransformerEncoderLayer(d, cfg.heads, cfg.ff, ctx.dropout, ctx.attention_dropout, cfg.pre_norm)
-            for _ in range(cfg.doc_layers))                                                         # eq. 4
+            for _ in range(cfg.doc_layers)
+        )  # eq. 4
         if shared:
             for doc_layer, sent_layer in zip(self.doc_layers, self.layers):
                 doc_layer.self_attn = sent_layer.self_attn
@@ -105,23 +125,32 @@ class HierarchicalEncoder(TransformerEncoder):
         self.pooling, self.word_context, self.context = cfg.pooling, cfg.word_context, cfg.context
 
     def forward(self, batch: Batch) -> EncoderOut:
-        sent = super().forward(batch)                                 # eq. 1: H_i = SentEnc(S_i)
+        sent = super().forward(batch)  # eq. 1: H_i = SentEnc(S_i)
         h, pad = sent.memory, sent.pad_mask
         row_doc = batch.doc_index.to(h.device)
         n_docs = int(row_doc.max()) + 1
         keep = ~pad
-        sentences = self.pool(self.sentence_attn(h, keep[:, None, None, :]), keep)   # eqs. 2-3: [R, D]
-        h_s, sent_pad = self.encode_document(sentences, row_doc, n_docs)           # eq. 4: [G, N, D]
-        if self.context == "own_sentence":                                         # eqs. 5-6, H^S_i
-            own_slot = plan_packing(row_doc, n_docs).unpack(h_s)                   # [R, 1, D]
+        sentences = self.pool(self.sentence_attn(h, keep[:, None, None, :]), keep)  # eqs. 2-3: [R, D]
+        h_s, sent_pad = self.encode_document(sentences, row_doc, n_docs)  # eq. 4: [G, N, D]
+        if self.context == "own_sentence":  # eqs. 5-6, H^S_i
+            own_slot = plan_packing(row_doc, n_docs).unpack(h_s)  # [R, 1, D]
             d_ctx = own_sentence_context(self.context_attn, h, own_slot, keep)
-        else:                                                                      # eqs. 5-6, all H^S_k
-            d_ctx = attend_documents(self.context_attn, h, row_doc,
-                                     document_memory(self.context_attn, h_s, sent_pad), probe="enc_doc_context")
-        h_ctx = h + self.context_dropout(d_ctx)                                    # eq. 7
+        else:  # eqs. 5-6, all H^S_k
+            d_ctx = attend_documents(
+                self.context_attn,
+                h,
+                row_doc,
+                document_memory(self.context_attn, h_s, sent_pad),
+                probe="enc_doc_context",
+            )
+        h_ctx = h + self.context_dropout(d_ctx)  # eq. 7
         words = plan_packing(row_doc, n_docs, h.size(1), keep)
-        extra = {"doc_memory": words.pack(h_ctx), "doc_memory_pad": words.padding(), "row_doc": row_doc,  # eq. 8
-                 "sentence_context": h_ctx}
+        extra = {
+            "doc_memory": words.pack(h_ctx),
+            "doc_memory_pad": words.padding(),
+            "row_doc": row_doc,  # eq. 8
+            "sentence_context": h_ctx,
+        }
         return EncoderOut(h_ctx if self.word_context else h, pad, batch.src_groups, extra)
 
     def pool(self, a: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -130,8 +159,9 @@ class HierarchicalEncoder(TransformerEncoder):
             return a.masked_fill(~keep[..., None], float("-inf")).amax(1)
         return (a * keep[..., None]).sum(1) / keep.sum(1, keepdim=True).clamp(min=1)
 
-    def encode_document(self, sentences: torch.Tensor, row_doc: torch.Tensor,
-                        n_docs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode_document(
+        self, sentences: torch.Tensor, row_doc: torch.Tensor, n_docs: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """eq. 4: H^S = DocEnc(h^S) over each document's sentence vectors, packed [G, N, D]; and
         the padding of the packed sequences [G, N]."""
         packing = plan_packing(row_doc, n_docs)
@@ -144,8 +174,9 @@ class HierarchicalEncoder(TransformerEncoder):
         return self.doc_norm(x), pad
 
 
-def own_sentence_context(attn: MultiHeadAttention, h: torch.Tensor, own_slot: torch.Tensor,
-                         keep: torch.Tensor) -> torch.Tensor:
+def own_sentence_context(
+    attn: MultiHeadAttention, h: torch.Tensor, own_slot: torch.Tensor, keep: torch.Tensor
+) -> torch.Tensor:
     """eqs. 5-6 with the value H^S_i alone: α_{i,j} = MultiHead-Ctx(h_{i,j}, h_{i,j}, H^S_i),
     d^ctx_{i,j} = α_{i,j} H^S_i. A softmax over one value would be 1 for every word, so α is read
     as one weight per head in (0, 1): σ(q·k / √d_head) with query and key both from the word
@@ -154,12 +185,12 @@ def own_sentence_context(attn: MultiHeadAttention, h: torch.Tensor, own_slot: to
     reading). Returns d^ctx [R, L, D], zeros at padding (``keep`` [R, L] False)."""
     d = h.size(-1)
 
-    def heads(x: torch.Tensor) -> torch.Tensor:                                  # [R, T, D] -> [R, H, T, d_head]
+    def heads(x: torch.Tensor) -> torch.Tensor:  # [R, T, D] -> [R, H, T, d_head]
         return x.view(x.size(0), x.size(1), attn.heads, attn.d_head).transpose(1, 2)
 
-    q = attn.project_q(h)                                                        # [R, H, L, d_head]
-    k = heads(F.linear(h, attn.kv.weight[:d], attn.kv.bias[:d]))                 # keys from the word too
-    v = heads(F.linear(own_slot, attn.kv.weight[d:], attn.kv.bias[d:]))          # [R, H, 1, d_head]
-    alpha = torch.sigmoid((q * k).sum(-1, keepdim=True) / attn.d_head ** 0.5)   # eq. 5: [R, H, L, 1]
+    q = attn.project_q(h)  # [R, H, L, d_head]
+    k = heads(F.linear(h, attn.kv.weight[:d], attn.kv.bias[:d]))  # keys from the word too
+    v = heads(F.linear(own_slot, attn.kv.weight[d:], attn.kv.bias[d:]))  # [R, H, 1, d_head]
+    alpha = torch.sigmoid((q * k).sum(-1, keepdim=True) / attn.d_head**0.5)  # eq. 5: [R, H, L, 1]
     analysis.record_mean("gate/enc_context", alpha.squeeze(-1).transpose(1, 2), keep)
-    return attn.merge(alpha * v) * keep[..., None]                               # eq. 6
+    return attn.merge(alpha * v) * keep[..., None]  # eq. 6

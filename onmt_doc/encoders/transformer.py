@@ -1,4 +1,5 @@
 """Transformer encoder (Vaswani et al., 2017), pre-norm by default."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,8 +23,11 @@ class TransformerEncoderConfig(PartConfig):
     layers: int = option(6, "number of layers")
     heads: int = option(8, "attention heads; must divide `model.d_model`")
     ff: int = option(2048, "inner size of the feed-forward network")
-    pre_norm: bool = option(True, "layer norm before each sublayer plus a final layer norm (`true`), or after "
-                            "each residual sum (`false`, the original post-norm)")
+    pre_norm: bool = option(
+        True,
+        "layer norm before each sublayer plus a final layer norm (`true`), or after "
+        "each residual sum (`false`, the original post-norm)",
+    )
 
     def validate(self, path: str, root: Config) -> None:
         """Every attention of the stack splits model.d_model into ``heads`` slices."""
@@ -31,8 +35,7 @@ class TransformerEncoderConfig(PartConfig):
 
 
 class TransformerEncoderLayer(nn.Module):
-    def __init__(self, d_model: int, heads: int, ff: int, dropout: float, attention_dropout: float,
-                 pre_norm: bool):
+    def __init__(self, d_model: int, heads: int, ff: int, dropout: float, attention_dropout: float, pre_norm: bool):
         super().__init__()
         self.self_attn = MultiHeadAttention(d_model, heads, attention_dropout)
         self.ff = FeedForward(d_model, ff, dropout)
@@ -50,8 +53,9 @@ class TransformerEncoder(Encoder):
         super().__init__()
         self.embeddings = ctx.src_embeddings
         self.layers = nn.ModuleList(
-            TransformerEncoderLayer(ctx.d_model, cfg.heads, cfg.ff, ctx.dropout, ctx.attention_dropout,
-                                    cfg.pre_norm) for _ in range(cfg.layers))
+            TransformerEncoderLayer(ctx.d_model, cfg.heads, cfg.ff, ctx.dropout, ctx.attention_dropout, cfg.pre_norm)
+            for _ in range(cfg.layers)
+        )
         self.final_norm = nn.LayerNorm(ctx.d_model) if cfg.pre_norm else nn.Identity()
 
     def forward(self, batch: Batch) -> EncoderOut:

@@ -21,6 +21,7 @@ the code path of ``onmt_doc_translate -score``: a candidate's score is the log-p
 sentence (markup and final ``<eos>`` included) as the last sentence of a document made of the
 context pairs (reference context translations) and the (source, candidate) pair.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,20 +34,20 @@ from onmt_doc.errors import DataError, UserError
 
 CONTEXT_SEP = " ||| "
 TSV_COLUMNS = ("context_src", "context_tgt", "source", "correct", "contrastive")
-SHUFFLE_BLOCK = 256        # items whose contexts are exchanged in the "shuffle" ablation
+SHUFFLE_BLOCK = 256  # items whose contexts are exchanged in the "shuffle" ablation
 ABLATIONS = ("none", "remove", "shuffle")
 
 
 @dataclass
 class ContrastiveItem:
-    where: str                       # "FILE:LINE" or "FILE item N", for error messages
+    where: str  # "FILE:LINE" or "FILE item N", for error messages
     src: str
     correct: str
     contrastive: list[str]
     ctx_src: list[str] = field(default_factory=list)
     ctx_tgt: list[str] = field(default_factory=list)
     categories: dict[str, str] = field(default_factory=dict)
-    document: Optional[str] = None   # document id; the shuffle ablation takes context from others
+    document: Optional[str] = None  # document id; the shuffle ablation takes context from others
 
     def candidates(self) -> list[str]:
         return [self.correct, *self.contrastive]
@@ -76,8 +77,10 @@ def _check_item(item: ContrastiveItem) -> ContrastiveItem:
     if not item.contrastive or any(not c.strip() for c in item.contrastive):
         raise DataError(f"{item.where}: needs at least one non-empty contrastive translation")
     if len(item.ctx_src) != len(item.ctx_tgt):
-        raise DataError(f"{item.where}: {len(item.ctx_src)} context source sentences but "
-                        f"{len(item.ctx_tgt)} context target sentences")
+        raise DataError(
+            f"{item.where}: {len(item.ctx_src)} context source sentences but "
+            f"{len(item.ctx_tgt)} context target sentences"
+        )
     for s, t in zip(item.ctx_src, item.ctx_tgt):
         if bool(s.strip()) != bool(t.strip()):
             raise DataError(f"{item.where}: a context sentence is empty on one side only")
@@ -103,21 +106,32 @@ def iter_tsv(path: str) -> Iterator[ContrastiveItem]:
                 continue
             fields = line.split("\t")
             if len(fields) < len(columns):
-                raise DataError(f"{path}:{number}: {len(fields)} tab-separated fields, need at least "
-                                f"{len(columns)} ({', '.join(columns)})")
+                raise DataError(
+                    f"{path}:{number}: {len(fields)} tab-separated fields, need at least "
+                    f"{len(columns)} ({', '.join(columns)})"
+                )
             row = dict(zip(columns[:-1], fields))
-            yield _check_item(ContrastiveItem(
-                f"{path}:{number}", row["source"], row["correct"], fields[len(columns) - 1:],
-                _split_context(row["context_src"]), _split_context(row["context_tgt"]),
-                {k: v for k, v in row.items() if k not in TSV_COLUMNS}))
+            yield _check_item(
+                ContrastiveItem(
+                    f"{path}:{number}",
+                    row["source"],
+                    row["correct"],
+                    fields[len(columns) - 1 :],
+                    _split_context(row["context_src"]),
+                    _split_context(row["context_tgt"]),
+                    {k: v for k, v in row.items() if k not in TSV_COLUMNS},
+                )
+            )
 
 
 def _tsv_header(path: str, names: list[str]) -> list[str]:
     names = [n.strip() for n in names]
     missing = [n for n in TSV_COLUMNS if n not in names]
     if missing or names[-1] != "contrastive" or len(set(names)) != len(names):
-        raise DataError(f"{path}:1: the header must name each of {', '.join(TSV_COLUMNS)} once, "
-                        f"'contrastive' last (got {' | '.join(names)}; missing {', '.join(missing) or 'none'})")
+        raise DataError(
+            f"{path}:1: the header must name each of {', '.join(TSV_COLUMNS)} once, "
+            f"'contrastive' last (got {' | '.join(names)}; missing {', '.join(missing) or 'none'})"
+        )
     return names
 
 
@@ -190,8 +204,11 @@ def _json_item(obj: object, where: str) -> ContrastiveItem:
     src = _first(obj, ("source", "src segment"), where)
     correct = _first(obj, ("reference", "ref segment", "correct"), where)
     if "contrastive" in obj:
-        wrong = _text_list(obj["contrastive"], where, "contrastive") if isinstance(obj["contrastive"], list) \
+        wrong = (
+            _text_list(obj["contrastive"], where, "contrastive")
+            if isinstance(obj["contrastive"], list)
             else [obj["contrastive"]]
+        )
     else:
         errors = _first(obj, ("errors",), where)
         if not isinstance(errors, list) or not all(isinstance(e, dict) and "contrastive" in e for e in errors):
@@ -209,14 +226,21 @@ def _json_item(obj: object, where: str) -> ContrastiveItem:
     if isinstance(obj.get("categories"), dict):
         cats.update({str(k): str(v) for k, v in obj["categories"].items()})
     doc = _first(obj, ("document id", "document"), where, required=False)
-    return ContrastiveItem(where, src, correct, wrong,
-                           _text_list(obj.get("context_src", []), where, "context_src"),
-                           _text_list(obj.get("context_tgt", []), where, "context_tgt"),
-                           cats, None if doc is None else str(doc))
+    return ContrastiveItem(
+        where,
+        src,
+        correct,
+        wrong,
+        _text_list(obj.get("context_src", []), where, "context_src"),
+        _text_list(obj.get("context_tgt", []), where, "context_tgt"),
+        cats,
+        None if doc is None else str(doc),
+    )
 
 
-def iter_json(path: str, context_src: Optional[str] = None, context_tgt: Optional[str] = None,
-              context_lines: int = 1) -> Iterator[ContrastiveItem]:
+def iter_json(
+    path: str, context_src: Optional[str] = None, context_tgt: Optional[str] = None, context_lines: int = 1
+) -> Iterator[ContrastiveItem]:
     """Items of a JSON suite; with context files, ``context_lines`` lines of each (blank = no
     sentence) are the context of each item, in order."""
     if bool(context_src) != bool(context_tgt):
@@ -227,13 +251,13 @@ def iter_json(path: str, context_src: Optional[str] = None, context_tgt: Optiona
         if ctx is not None:
             block = next(ctx, None)
             if block is None:
-                raise DataError(f"{context_src}: ends before item {n} of {path} "
-                                f"({context_lines} context lines per item)")
+                raise DataError(
+                    f"{context_src}: ends before item {n} of {path} ({context_lines} context lines per item)"
+                )
             item.ctx_src, item.ctx_tgt = block
         yield _check_item(item)
     if ctx is not None and next(ctx, None) is not None:
-        raise DataError(f"{context_src}: has more context lines than {path} has items "
-                        f"({context_lines} per item)")
+        raise DataError(f"{context_src}: has more context lines than {path} has items ({context_lines} per item)")
 
 
 def _context_blocks(src: str, tgt: str, n: int) -> Iterator[tuple[list[str], list[str]]]:
@@ -250,8 +274,13 @@ def _context_blocks(src: str, tgt: str, n: int) -> Iterator[tuple[list[str], lis
             yield [x.rstrip("\r\n") for x in s], [x.rstrip("\r\n") for x in t]
 
 
-def read_suite(path: str, fmt: str = "auto", context_src: Optional[str] = None,
-               context_tgt: Optional[str] = None, context_lines: int = 1) -> Iterator[ContrastiveItem]:
+def read_suite(
+    path: str,
+    fmt: str = "auto",
+    context_src: Optional[str] = None,
+    context_tgt: Optional[str] = None,
+    context_lines: int = 1,
+) -> Iterator[ContrastiveItem]:
     """The items of a suite file, streamed, in either format."""
     try:
         fmt = detect_format(path) if fmt == "auto" else fmt
@@ -281,8 +310,9 @@ def ablate(items: Iterable[ContrastiveItem], mode: str, seed: int = 1) -> Iterat
     if mode == "none":
         return iter(items)
     if mode == "remove":
-        return (ContrastiveItem(i.where, i.src, i.correct, i.contrastive, [], [], i.categories, i.document)
-                for i in items)
+        return (
+            ContrastiveItem(i.where, i.src, i.correct, i.contrastive, [], [], i.categories, i.document) for i in items
+        )
     if mode == "shuffle":
         return _shuffled(items, random.Random(seed))
     raise UserError(f"unknown ablation {mode!r} ({', '.join(ABLATIONS)})")
@@ -309,8 +339,16 @@ def _exchange(block: list[ContrastiveItem], rng: random.Random) -> Iterator[Cont
         others = [j for j in range(len(block)) if j != i and _doc_key(block[j]) != _doc_key(item)]
         others = others or [j for j in range(len(block)) if j != i] or [i]
         donor = block[rng.choice(others)]
-        yield ContrastiveItem(item.where, item.src, item.correct, item.contrastive, donor.ctx_src,
-                              donor.ctx_tgt, item.categories, item.document)
+        yield ContrastiveItem(
+            item.where,
+            item.src,
+            item.correct,
+            item.contrastive,
+            donor.ctx_src,
+            donor.ctx_tgt,
+            item.categories,
+            item.document,
+        )
 
 
 # ---------------------------------------------------------------------------------- scoring
@@ -333,13 +371,13 @@ class ContextWindow:
             return []
         pairs = list(zip(item.ctx_src, item.ctx_tgt))
         if self.max_sentences is not None:
-            pairs = pairs[len(pairs) - self.max_sentences:] if self.max_sentences else []
+            pairs = pairs[len(pairs) - self.max_sentences :] if self.max_sentences else []
         if not pairs:
             return []
         src = self.codec.encode([s for s, _ in pairs] + [item.src], "src")
         tgt = self.codec.encode([t for _, t in pairs] + item.candidates(), "tgt")
         src_len = 1 + len(src[-1]) + 2
-        tgt_len = 1 + max(len(t) for t in tgt[len(pairs):]) + 2
+        tgt_len = 1 + max(len(t) for t in tgt[len(pairs) :]) + 2
         keep = 0
         for k in range(len(pairs) - 1, -1, -1):
             src_len += len(src[k]) + 2
@@ -347,11 +385,12 @@ class ContextWindow:
             if src_len > self.max_tokens or tgt_len > self.max_tokens:
                 break
             keep += 1
-        return pairs[len(pairs) - keep:]
+        return pairs[len(pairs) - keep :]
 
 
-def score_suite(translator, items: Iterable[ContrastiveItem], max_context: int = 0
-                ) -> Iterator[tuple[ContrastiveItem, list[float]]]:
+def score_suite(
+    translator, items: Iterable[ContrastiveItem], max_context: int = 0
+) -> Iterator[tuple[ContrastiveItem, list[float]]]:
     """Each item with the forced-decoding scores of its candidates (correct first), in order.
 
     Every candidate is one document (context pairs + the candidate pair) scored by
@@ -379,9 +418,10 @@ def score_suite(translator, items: Iterable[ContrastiveItem], max_context: int =
 @dataclass
 class Accuracy:
     """Correct = the correct candidate scores strictly above every contrastive one (ties lose)."""
+
     correct: int = 0
     total: int = 0
-    by_category: dict = field(default_factory=dict)    # name -> value -> [correct, total]
+    by_category: dict = field(default_factory=dict)  # name -> value -> [correct, total]
 
     def add(self, item: ContrastiveItem, scores: Sequence[float]) -> bool:
         ok = scores[0] > max(scores[1:])
@@ -396,10 +436,19 @@ class Accuracy:
     def summary(self) -> dict:
         def pct(c: int, n: int) -> float:
             return 100.0 * c / n if n else 0.0
-        return {"accuracy": pct(self.correct, self.total), "correct": self.correct, "total": self.total,
-                "categories": {name: {v: {"accuracy": pct(*cell), "correct": cell[0], "total": cell[1]}
-                                      for v, cell in sorted(values.items(), key=lambda kv: _natural(kv[0]))}
-                               for name, values in sorted(self.by_category.items())}}
+
+        return {
+            "accuracy": pct(self.correct, self.total),
+            "correct": self.correct,
+            "total": self.total,
+            "categories": {
+                name: {
+                    v: {"accuracy": pct(*cell), "correct": cell[0], "total": cell[1]}
+                    for v, cell in sorted(values.items(), key=lambda kv: _natural(kv[0]))
+                }
+                for name, values in sorted(self.by_category.items())
+            },
+        }
 
 
 def _natural(value: str) -> tuple:
@@ -410,15 +459,17 @@ def _natural(value: str) -> tuple:
         return (1, 0.0, value)
 
 
-def evaluate_suite(translator, items: Iterable[ContrastiveItem], max_context: int = 0,
-                   item_scores: Optional[IO[str]] = None) -> dict:
+def evaluate_suite(
+    translator, items: Iterable[ContrastiveItem], max_context: int = 0, item_scores: Optional[IO[str]] = None
+) -> dict:
     """Accuracy overall and per category; with ``item_scores``, one JSON line per item."""
     acc = Accuracy()
     for item, scores in score_suite(translator, items, max_context):
         ok = acc.add(item, scores)
         if item_scores is not None:
-            item_scores.write(json.dumps({"item": item.where, "correct": ok, "scores": scores,
-                                          "categories": item.categories}) + "\n")
+            item_scores.write(
+                json.dumps({"item": item.where, "correct": ok, "scores": scores, "categories": item.categories}) + "\n"
+            )
     if not acc.total:
         raise DataError("the suite has no items")
     return acc.summary()

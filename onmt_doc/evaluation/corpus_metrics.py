@@ -3,6 +3,7 @@
 s-BLEU scores sentences as units; d-BLEU (Liu et al., 2020) scores each document's sentences
 joined into one segment, so it rewards cross-sentence n-grams and tolerates sentence misalignment.
 """
+
 from __future__ import annotations
 
 from typing import Sequence

@@ -13,6 +13,7 @@
   by the same lexicon entry every time. The lexicon is given (TSV) or induced from the references
   by the Dice coefficient. docs/evaluation.md lists where both depart from published definitions.
 """
+
 from __future__ import annotations
 
 import re
@@ -50,8 +51,9 @@ def pronoun_list(lang: str, path: Optional[str] = None) -> frozenset[str]:
             raise DataError(f"{path}: the pronoun list is empty")
         return forms
     if lang not in PRONOUNS:
-        raise UserError(f"no built-in pronoun list for {lang!r} ({', '.join(sorted(PRONOUNS))}); "
-                        "give one with -pronouns FILE")
+        raise UserError(
+            f"no built-in pronoun list for {lang!r} ({', '.join(sorted(PRONOUNS))}); give one with -pronouns FILE"
+        )
     return PRONOUNS[lang]
 
 
@@ -66,8 +68,13 @@ def pronoun_accuracy(hyps: Sequence[str], refs: Sequence[str], pronouns: frozens
     return {"accuracy": 100.0 * correct / total if total else 0.0, "correct": correct, "total": total}
 
 
-def induce_lexicon(srcs: Sequence[str], refs: Sequence[str], min_dice: float = 0.5,
-                   max_sentence_share: float = 0.1, max_entries: int = 3) -> dict[str, list[str]]:
+def induce_lexicon(
+    srcs: Sequence[str],
+    refs: Sequence[str],
+    min_dice: float = 0.5,
+    max_sentence_share: float = 0.1,
+    max_entries: int = 3,
+) -> dict[str, list[str]]:
     """Source word -> target words, by sentence-level co-occurrence (Dice >= ``min_dice``).
 
     Words in more than ``max_sentence_share`` of the sentences (function words) and words seen
@@ -88,7 +95,7 @@ def induce_lexicon(srcs: Sequence[str], refs: Sequence[str], min_dice: float = 0
             continue
         dice = 2.0 * c / (cs[a] + ct[b])
         if dice >= min_dice:
-            lexicon.setdefault(a, []).append((dice, b))          # type: ignore[arg-type]
+            lexicon.setdefault(a, []).append((dice, b))  # type: ignore[arg-type]
     return {a: [b for _, b in sorted(c, key=lambda x: (-x[0], x[1]))[:max_entries]] for a, c in lexicon.items()}
 
 
@@ -126,8 +133,11 @@ def lexical_consistency(src_docs: Docs, hyp_docs: Docs, lexicon: dict[str, list[
             choices = {_choice(lexicon[term], hyp_doc[i]) for i in where}
             repeated += 1
             consistent += len(choices) == 1 and None not in choices
-    return {"consistency": 100.0 * consistent / repeated if repeated else 0.0,
-            "consistent": consistent, "repeated_terms": repeated}
+    return {
+        "consistency": 100.0 * consistent / repeated if repeated else 0.0,
+        "consistent": consistent,
+        "repeated_terms": repeated,
+    }
 
 
 def _choice(entries: list[str], sentence: str) -> Optional[str]:
@@ -135,8 +145,13 @@ def _choice(entries: list[str], sentence: str) -> Optional[str]:
     return next((e for e in entries if e in present), None)
 
 
-def translation_metrics(src_docs: Optional[Docs], hyp_docs: Docs, ref_docs: Docs, pronouns: frozenset[str],
-                        lexicon: Optional[dict[str, list[str]]] = None) -> dict:
+def translation_metrics(
+    src_docs: Optional[Docs],
+    hyp_docs: Docs,
+    ref_docs: Docs,
+    pronouns: frozenset[str],
+    lexicon: Optional[dict[str, list[str]]] = None,
+) -> dict:
     """BLEU, chrF, d-BLEU (as ``onmt_doc_translate -tgt`` reports them), pronoun accuracy and,
     with the source, lexical consistency of the hypothesis and of the reference (its ceiling)."""
     hyps = [h for d in hyp_docs for h in d]

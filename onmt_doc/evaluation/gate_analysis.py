@@ -11,6 +11,7 @@ prefix as decoder input:
   every non-padding decoder position, and the share of gate values on the other side of 0.5 than
   z*(y_i) says (at the real tokens).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -32,18 +33,18 @@ from onmt_doc.models.model import EncoderDecoder
 
 @dataclass
 class GateAnalysis:
-    tokens: int = 0                  # real target tokens
-    source: int = 0                  # of which z* = 1
+    tokens: int = 0  # real target tokens
+    source: int = 0  # of which z* = 1
     forced_errors: int = 0
     context_errors: int = 0
-    gate_values: int = 0             # gate entries counted for mean/variance
+    gate_values: int = 0  # gate entries counted for mean/variance
     gate_sum: float = 0.0
     gate_sq: float = 0.0
-    gate_wrong: float = 0.0          # sum over real tokens of the per-token wrong-side fraction
+    gate_wrong: float = 0.0  # sum over real tokens of the per-token wrong-side fraction
     layer_sums: list = field(default_factory=list)
 
     def add_gates(self, gates: torch.Tensor, keep: torch.Tensor, z: torch.Tensor, mask: torch.Tensor) -> None:
-        g = gates.double()[:, keep]                                        # [L, N, D]
+        g = gates.double()[:, keep]  # [L, N, D]
         self.gate_values += g.numel()
         self.gate_sum += float(g.sum())
         self.gate_sq += float((g * g).sum())
@@ -53,30 +54,39 @@ class GateAnalysis:
 
     def summary(self) -> dict:
         n = max(self.tokens, 1)
-        out = {"tokens": self.tokens, "z_star_source": 100.0 * self.source / n,
-               "FER": 100.0 * self.forced_errors / n,
-               "CER": 100.0 * self.context_errors / n,
-               "CE/FE": 100.0 * self.context_errors / max(self.forced_errors, 1)}
+        out = {
+            "tokens": self.tokens,
+            "z_star_source": 100.0 * self.source / n,
+            "FER": 100.0 * self.forced_errors / n,
+            "CER": 100.0 * self.context_errors / n,
+            "CE/FE": 100.0 * self.context_errors / max(self.forced_errors, 1),
+        }
         if self.gate_values:
             mean = self.gate_sum / self.gate_values
             per_layer = self.gate_values / len(self.layer_sums)
-            out.update({"gate_mean": mean, "gate_var": self.gate_sq / self.gate_values - mean ** 2,
-                        "gate_layer_means": [s / per_layer for s in self.layer_sums],
-                        "gate_wrong_side": 100.0 * self.gate_wrong / n})
+            out.update(
+                {
+                    "gate_mean": mean,
+                    "gate_var": self.gate_sq / self.gate_values - mean**2,
+                    "gate_layer_means": [s / per_layer for s in self.layer_sums],
+                    "gate_wrong_side": 100.0 * self.gate_wrong / n,
+                }
+            )
         return out
 
 
 def _sentences(ex: Example, docs: Sequence) -> list[tuple[int, np.ndarray, np.ndarray]]:
     """(offset of y_1 in the example's target, source ids, target ids) of each of its sentences."""
     out, offset = [], 0
-    for s, t in docs[ex.doc][ex.first:ex.first + ex.n_sents]:
+    for s, t in docs[ex.doc][ex.first : ex.first + ex.n_sents]:
         out.append((offset + 1, s, t))
         offset += len(t) + 2
     return out
 
 
-def _context_errors(table: PMITable, examples: list[Example], docs: Sequence, rows: np.ndarray,
-                    pred: np.ndarray, errors: np.ndarray) -> int:
+def _context_errors(
+    table: PMITable, examples: list[Example], docs: Sequence, rows: np.ndarray, pred: np.ndarray, errors: np.ndarray
+) -> int:
     """Forced errors whose prediction has another z* than the reference token."""
     srcs, tgts, preds, refs, errs = [], [], [], [], []
     for row, i in enumerate(rows):
@@ -84,9 +94,9 @@ def _context_errors(table: PMITable, examples: list[Example], docs: Sequence, ro
         for start, s, t in _sentences(ex, docs):
             srcs.append(s)
             tgts.append(t)
-            preds.append(pred[row, start:start + len(t)])
-            refs.append(ex.extra["z_star"][start:start + len(t)])
-            errs.append(errors[row, start:start + len(t)])
+            preds.append(pred[row, start : start + len(t)])
+            refs.append(ex.extra["z_star"][start : start + len(t)])
+            errs.append(errors[row, start : start + len(t)])
     if not tgts:
         return 0
     z_pred = np.concatenate(z_star(table, srcs, tgts, queries=preds))
@@ -94,8 +104,16 @@ def _context_errors(table: PMITable, examples: list[Example], docs: Sequence, ro
 
 
 @torch.no_grad()
-def analyse_gates(model: EncoderDecoder, codec: Codec, cfg: Config, src: str, tgt: str, table: PMITable,
-                  batch_tokens: int = 4096, device: Optional[torch.device] = None) -> dict:
+def analyse_gates(
+    model: EncoderDecoder,
+    codec: Codec,
+    cfg: Config,
+    src: str,
+    tgt: str,
+    table: PMITable,
+    batch_tokens: int = 4096,
+    device: Optional[torch.device] = None,
+) -> dict:
     """FER, CER, CE/FE (in %) and gate statistics of ``model`` on a parallel test set."""
     device = device or next(model.parameters()).device
     text = read_parallel(src, tgt, cfg.data.documents, cfg.data.max_line_chars)
@@ -103,7 +121,7 @@ def analyse_gates(model: EncoderDecoder, codec: Codec, cfg: Config, src: str, tg
     flat_tgt = codec.encode([t for d in text for _, t in d], "tgt")
     docs, i = [], 0
     for d in text:
-        docs.append(list(zip(flat_src[i:i + len(d)], flat_tgt[i:i + len(d)])))
+        docs.append(list(zip(flat_src[i : i + len(d)], flat_tgt[i : i + len(d)])))
         i += len(d)
     examples, _ = build_instances(model.unit, docs, cfg.data.max_tokens)
     attach_z_star(examples, docs, table)
@@ -112,15 +130,16 @@ def analyse_gates(model: EncoderDecoder, codec: Codec, cfg: Config, src: str, tg
     for idx in ordered_batches(examples, batch_tokens):
         batch = collate([examples[i] for i in idx], idx).to(device)
         out = model.decoder(batch.tgt_in, model.encode(batch), batch)
-        logits = model.generator(out.hidden).float()                       # [B, T, V]
+        logits = model.generator(out.hidden).float()  # [B, T, V]
         gold = logits.gather(2, batch.tgt_out[..., None]).squeeze(2)
         real = batch.extra["z_star_mask"].bool()
-        errors = (gold < logits.amax(-1)) & real                            # P(y_i) < P(ŷ_i)
+        errors = (gold < logits.amax(-1)) & real  # P(y_i) < P(ŷ_i)
         result.tokens += int(real.sum())
         result.source += int((batch.extra["z_star"].bool() & real).sum())
         result.forced_errors += int(errors.sum())
-        result.context_errors += _context_errors(table, examples, docs, idx, logits.argmax(-1).cpu().numpy(),
-                                                 errors.cpu().numpy())
+        result.context_errors += _context_errors(
+            table, examples, docs, idx, logits.argmax(-1).cpu().numpy(), errors.cpu().numpy()
+        )
         if "gates" in out.aux:
             result.add_gates(out.aux["gates"], batch.tgt_in.ne(PAD_ID), batch.extra["z_star"], real)
     return {**result.summary(), "normaliser": table.normaliser}

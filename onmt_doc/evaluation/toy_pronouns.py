@@ -3,6 +3,7 @@
 The generator (``onmt_doc.toy.corpus``) writes, per split, the line, word index and expected form
 of every target word that only the previous sentence determines; this scores a hypothesis file.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -38,9 +39,7 @@ def read_ctx(ctx_path: str | Path) -> list[tuple[int, int, str]]:
             if line_no < 1 or word_index < 0 or not word:
                 raise ValueError
         except ValueError:
-            raise ValueError(
-                f"{path}:{n}: expected 'line_no<TAB>word_index<TAB>word', got {line!r}"
-            ) from None
+            raise ValueError(f"{path}:{n}: expected 'line_no<TAB>word_index<TAB>word', got {line!r}") from None
         entries.append((line_no, word_index, word))
     return entries
 
@@ -81,9 +80,7 @@ def score_context(
             )
     last = max((e[0] for e in entries), default=0)
     if last > len(hyp):
-        raise ValueError(
-            f"{hyp_file}: has {len(hyp)} lines but {ctx_file} refers to line {last}"
-        )
+        raise ValueError(f"{hyp_file}: has {len(hyp)} lines but {ctx_file} refers to line {last}")
 
     correct = 0
     for line_no, word_index, expected in entries:

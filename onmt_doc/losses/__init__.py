@@ -1,4 +1,5 @@
 """Losses: ``loss(model_out, batch) -> (summed loss, stats)``; the ``loss:`` list sums them with weights."""
+
 from onmt_doc.registry import Registry
 
 REGISTRY = Registry("loss")

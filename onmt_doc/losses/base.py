@@ -6,6 +6,7 @@ and ranks), so every loss is normalised the same way and distributed training eq
 A loss gets only its own config section; per-token data it needs beyond the batch (e.g. z*) it
 declares in ``needs_fields``, and the data pipeline attaches it (``onmt_doc/data/fields.py``).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Sequence
@@ -23,8 +24,8 @@ if TYPE_CHECKING:
 class Loss:
     """Subclasses implement ``__call__``; extra statistics use "group/name" keys."""
 
-    training_only = False   # skipped in validation (e.g. regularisers)
-    needs_fields: ClassVar[tuple[str, ...]] = ()   # per-example fields it reads from Batch.extra
+    training_only = False  # skipped in validation (e.g. regularisers)
+    needs_fields: ClassVar[tuple[str, ...]] = ()  # per-example fields it reads from Batch.extra
 
     def __init__(self, cfg: LossConfig, **context):
         self.cfg = cfg
@@ -36,6 +37,7 @@ class Loss:
 
 def build_losses(cfgs: Sequence[LossConfig], **context) -> list[Loss]:
     from onmt_doc.losses import REGISTRY
+
     return [REGISTRY.build(c, **context) for c in cfgs]
 
 

@@ -7,6 +7,7 @@ default all; the paper's table 5 regularises single layers) and target tokens; l
 is a sum the trainer divides by the step's target tokens. Tokens without supervision
 (markup ``<s>``/``</s>``, ``<eos>``, padding) add nothing. Training only.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,15 +26,24 @@ from onmt_doc.losses.base import Loss
 @dataclass
 class PMIGateHingeConfig(LossConfig):
     weight: float = option(1.0, "λ of eq. 5")
-    table: Optional[str] = option(None, "PMI table built with `onmt_doc_build_pmi_table` with this run's "
-                                  "vocabularies; override with `loss.1.table=PATH`", shown="(required)")
+    table: Optional[str] = option(
+        None,
+        "PMI table built with `onmt_doc_build_pmi_table` with this run's "
+        "vocabularies; override with `loss.1.table=PATH`",
+        shown="(required)",
+    )
     normaliser: Normaliser = option(
-        "shared", "Z of eq. 6 for z*: `shared` = one Z for the bilingual and monolingual PMI (log Z cancels in "
+        "shared",
+        "Z of eq. 6 for z*: `shared` = one Z for the bilingual and monolingual PMI (log Z cancels in "
         "eq. 7); `per_scenario` = each scenario its own Z (adds log(Z_bi/Z_mono) ≈ log 2 to every bilingual PMI: "
         "z* = 1 for 94% instead of 81% of Multi30k's target tokens). The table holds counts only; cached z* "
-        "records its normaliser")
-    layers: list[int] = option([], "decoder layers (from 1) whose gates are regularised, e.g. `[1]` for table 5's "
-                               "single-layer rows; empty = all layers")
+        "records its normaliser",
+    )
+    layers: list[int] = option(
+        [],
+        "decoder layers (from 1) whose gates are regularised, e.g. `[1]` for table 5's "
+        "single-layer rows; empty = all layers",
+    )
 
     def validate(self, path: str, root: Config) -> None:
         """Layer numbers index the decoder's gates: each once, from 1 to model.decoder.layers."""
@@ -50,8 +60,7 @@ def select_layers(gates: torch.Tensor, layers: Sequence[int]) -> torch.Tensor:
         return gates
     if min(layers) < 1 or max(layers) > gates.size(0):
         bad = min(layers) if min(layers) < 1 else max(layers)
-        raise ConfigError(f"loss pmi_gate_hinge: key 'layers' names layer {bad}, the decoder has "
-                          f"{gates.size(0)}")
+        raise ConfigError(f"loss pmi_gate_hinge: key 'layers' names layer {bad}, the decoder has {gates.size(0)}")
     return gates[[i - 1 for i in layers]]
 
 
@@ -59,7 +68,7 @@ def gate_hinge(gates: torch.Tensor, z_star: torch.Tensor, mask: torch.Tensor) ->
     """Per-token hinge [B, T] (eq. 5: summed over layers, averaged over dimensions) and the
     per-token fraction of gate values on the wrong side, for gates [L, B, T, D]."""
     target = z_star.to(gates.dtype)[None, :, :, None]
-    hinge = target * (0.5 - gates).clamp(min=0) + (1 - target) * (gates - 0.5).clamp(min=0)   # eq. 5
+    hinge = target * (0.5 - gates).clamp(min=0) + (1 - target) * (gates - 0.5).clamp(min=0)  # eq. 5
     keep = mask.to(gates.dtype)
     wrong = (hinge > 0).to(gates.dtype).mean((0, 3))
     return hinge.mean(3).sum(0) * keep, wrong * keep
@@ -72,16 +81,22 @@ class PMIGateHinge(Loss):
     (supervised tokens) and gate/source (tokens with z* = 1)."""
 
     training_only = True
-    needs_fields = (Z_STAR,)   # the data pipeline attaches z* (onmt_doc/pmi.py, read from `table`, `normaliser`)
+    needs_fields = (Z_STAR,)  # the data pipeline attaches z* (onmt_doc/pmi.py, read from `table`, `normaliser`)
 
     def __call__(self, out, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         gates = out.aux.get("gates")
         if gates is None:
-            raise ConfigError("loss pmi_gate_hinge needs a decoder with context gates "
-                              "(model.decoder.type: gated_transformer with gate: vector)")
+            raise ConfigError(
+                "loss pmi_gate_hinge needs a decoder with context gates "
+                "(model.decoder.type: gated_transformer with gate: vector)"
+            )
         if "z_star" not in batch.extra:
             raise ConfigError("loss pmi_gate_hinge: the batch has no z* (training data without the z_star field)")
         mask = batch.extra["z_star_mask"]
         hinge, wrong = gate_hinge(select_layers(gates.float(), self.cfg.layers), batch.extra["z_star"], mask)
-        return hinge.sum(), {"gate/hinge": hinge.detach().sum().item(), "gate/wrong": wrong.sum().item(),
-                             "gate/labeled": float(mask.sum()), "gate/source": float(batch.extra["z_star"].sum())}
+        return hinge.sum(), {
+            "gate/hinge": hinge.detach().sum().item(),
+            "gate/wrong": wrong.sum().item(),
+            "gate/labeled": float(mask.sum()),
+            "gate/source": float(batch.extra["z_star"].sum()),
+        }

@@ -6,6 +6,7 @@ the softmax kept from the forward pass into the gradient in place. Through the g
 graph (log_softmax, gather, sum) the same loss touches the [N, V] matrix about twice as often;
 with an 8k vocabulary that was ~12% of a training step of the benchmark Transformer.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ class _SmoothedNLL(torch.autograd.Function):
         top = logits.amax(-1, keepdim=True)
         probs = torch.sub(logits, top).exp_()
         total = probs.sum(-1, keepdim=True)
-        probs.div_(total)                                             # softmax, kept for backward
+        probs.div_(total)  # softmax, kept for backward
         lse = (top + total.log()).squeeze(1)
         target_logit = logits.gather(1, target[:, None]).squeeze(1)
         nll = lse - target_logit
@@ -56,8 +57,9 @@ class _SmoothedNLL(torch.autograd.Function):
         return out, None, None
 
 
-def label_smoothed_nll(logits: torch.Tensor, target: torch.Tensor,
-                       eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def label_smoothed_nll(
+    logits: torch.Tensor, target: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(per-token loss [N], per-token nll [N], target is the argmax [N]) for logits [N, V]."""
     return _SmoothedNLL.apply(logits.float(), target, eps)
 
@@ -69,5 +71,8 @@ class LabelSmoothedCE(Loss):
 
     def __call__(self, out, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         loss, nll, correct = label_smoothed_nll(out.logits, out.target, self.cfg.smoothing)
-        return loss.sum(), {"nll": nll.sum().item(), "correct": correct.sum().item(),
-                            "tokens": float(out.target.numel())}
+        return loss.sum(), {
+            "nll": nll.sum().item(),
+            "correct": correct.sum().item(),
+            "tokens": float(out.target.numel()),
+        }

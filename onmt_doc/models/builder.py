@@ -1,4 +1,5 @@
 """Build an EncoderDecoder from the ``model`` section and the vocabularies."""
+
 from __future__ import annotations
 
 from torch import nn
@@ -20,8 +21,10 @@ def check_parts_fit(cfg: ModelConfig, encoder: Encoder, decoder: Decoder) -> Non
     config's ``validate``, checked when the config is read)."""
     missing = [k for k in decoder.needs if k not in encoder.provides]
     if missing:
-        raise ConfigError(f"model.decoder.type: {cfg.decoder.type} reads {', '.join(missing)} from the encoder, "
-                          f"which encoder {cfg.encoder.type} does not provide")
+        raise ConfigError(
+            f"model.decoder.type: {cfg.decoder.type} reads {', '.join(missing)} from the encoder, "
+            f"which encoder {cfg.encoder.type} does not provide"
+        )
 
 
 def build_model(cfg: ModelConfig, codec: Codec) -> EncoderDecoder:

@@ -4,6 +4,7 @@ Keys: ``format_version``, ``config`` (resolved, as a dict), ``codec`` (subword m
 vocabularies), ``model`` (state dict) and, in training checkpoints, ``train_state`` (optimizer,
 scaler, RNG, data position, early stopping, step).
 """
+
 from __future__ import annotations
 
 import os
@@ -58,26 +59,29 @@ def load_checkpoint(path: str) -> dict:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # a damaged file can fail anywhere inside the unpickler
-
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"{path}: not a readable onmt_doc checkpoint ({reason[:200]})") from None
     if not isinstance(ckpt, dict) or "format_version" not in ckpt or "model" not in ckpt:
         raise UserError(f"{path}: not an onmt_doc checkpoint (no format_version/model entries)")
     if ckpt["format_version"] > FORMAT_VERSION:
-        raise UserError(f"{path}: checkpoint format {ckpt['format_version']} is newer than this "
-                        f"onmt_doc understands ({FORMAT_VERSION}); upgrade onmt_doc")
+        raise UserError(
+            f"{path}: checkpoint format {ckpt['format_version']} is newer than this "
+            f"onmt_doc understands ({FORMAT_VERSION}); upgrade onmt_doc"
+        )
     return ckpt
 
 
-def model_from_checkpoint(ckpt: dict, path: str = "checkpoint",
-                          device: Optional[torch.device] = None) -> tuple[EncoderDecoder, Config, Codec]:
+def model_from_checkpoint(
+    ckpt: dict, path: str = "checkpoint", device: Optional[torch.device] = None
+) -> tuple[EncoderDecoder, Config, Codec]:
     cfg = config_from_dict(ckpt["config"], f"{path} (stored config)")
     codec = Codec.from_dict(ckpt["codec"])
     model = build_model(cfg.model, codec)
     missing, unexpected = model.load_state_dict(ckpt["model"], strict=False)
     if missing or unexpected:
-        raise UserError(f"{path}: weights do not match the stored config "
-                        f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+        raise UserError(
+            f"{path}: weights do not match the stored config (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
     if device is not None:
         model.to(device)
     return model, cfg, codec
@@ -106,7 +110,11 @@ def average_checkpoints(paths: list[str]) -> dict:
                 raise UserError(f"{path}: parameter {k} has shape {tuple(v.shape)}, not {tuple(total[k].shape)}")
             if v.is_floating_point():
                 total[k] += v.double()
-    model = {k: (v / len(paths)).to(first["model"][k].dtype) if v.is_floating_point() else v
-             for k, v in total.items()}
-    return {"config": first["config"], "codec": first["codec"], "model": model,
-            "step": first.get("step", 0), "averaged_from": list(paths)}
+    model = {k: (v / len(paths)).to(first["model"][k].dtype) if v.is_floating_point() else v for k, v in total.items()}
+    return {
+        "config": first["config"],
+        "codec": first["codec"],
+        "model": model,
+        "step": first.get("step", 0),
+        "averaged_from": list(paths),
+    }

@@ -4,6 +4,7 @@ Depth l (layers) and width w (FFN size / d_model) are scaled along the finite-di
 of the validation loss, with a step chosen so that the parameter count grows by a given ratio β.
 Used by ``onmt_doc_scale_model``; the maths here is tested on synthetic losses.
 """
+
 from __future__ import annotations
 
 import copy
@@ -42,33 +43,44 @@ def solve_step(layers: float, width: float, grad_layers: float, grad_width: floa
         roots = [] if disc < 0 else [(-lin + sign * math.sqrt(disc)) / (2 * quad) for sign in (1, -1)]
     positive = [r for r in roots if r > 0 and layers + r * a > 0 and width + r * b > 0]
     if not positive:
-        raise UserError(f"no scaling reaches β = {beta} along the measured gradient (L'_l = {a:.4g}, "
-                        f"L'_w = {b:.4g}): neither more depth nor more width lowered the validation loss")
+        raise UserError(
+            f"no scaling reaches β = {beta} along the measured gradient (L'_l = {a:.4g}, "
+            f"L'_w = {b:.4g}): neither more depth nor more width lowered the validation loss"
+        )
     return min(positive)
 
 
 @dataclass
 class ScalingPlan:
-    layers: int                 # current l
-    width: float                # current w = ff / d_model
-    grad_layers: float          # L'_l
-    grad_width: float           # L'_w
-    alpha: float                # eq. 11 step
-    new_layers: int             # l̂ rounded to a whole layer
-    new_ff: int                 # ŵ · d_model rounded to ``ff_multiple``
-    beta: float                 # requested ratio
-    achieved_beta: float        # eq. 8 ratio after rounding
-    ff_multiple: int = 8        # FFN sizes are rounded to this
+    layers: int  # current l
+    width: float  # current w = ff / d_model
+    grad_layers: float  # L'_l
+    grad_width: float  # L'_w
+    alpha: float  # eq. 11 step
+    new_layers: int  # l̂ rounded to a whole layer
+    new_ff: int  # ŵ · d_model rounded to ``ff_multiple``
+    beta: float  # requested ratio
+    achieved_beta: float  # eq. 8 ratio after rounding
+    ff_multiple: int = 8  # FFN sizes are rounded to this
 
     def summary(self) -> str:
-        return (f"L'_l = {self.grad_layers:.5f}, L'_w = {self.grad_width:.5f}, alpha = {self.alpha:.4g}: "
-                f"layers {self.layers} -> {self.new_layers}, w {self.width:g} -> "
-                f"{self.width + self.alpha * self.grad_width:.3f} (ff {self.new_ff}), "
-                f"parameters x{self.achieved_beta:.2f} (asked x{self.beta:g})")
+        return (
+            f"L'_l = {self.grad_layers:.5f}, L'_w = {self.grad_width:.5f}, alpha = {self.alpha:.4g}: "
+            f"layers {self.layers} -> {self.new_layers}, w {self.width:g} -> "
+            f"{self.width + self.alpha * self.grad_width:.3f} (ff {self.new_ff}), "
+            f"parameters x{self.achieved_beta:.2f} (asked x{self.beta:g})"
+        )
 
 
-def plan_scaling(layers: int, ff: int, d_model: int, losses: tuple[float, float, float], epsilon: float,
-                 beta: float, ff_multiple: int = 8) -> ScalingPlan:
+def plan_scaling(
+    layers: int,
+    ff: int,
+    d_model: int,
+    losses: tuple[float, float, float],
+    epsilon: float,
+    beta: float,
+    ff_multiple: int = 8,
+) -> ScalingPlan:
     """From the validation losses of (base, l + ε, w + ε) to the scaled depth and FFN size."""
     if epsilon <= 0:
         raise UserError(f"-epsilon must be positive, got {epsilon}")
@@ -83,6 +95,7 @@ def plan_scaling(layers: int, ff: int, d_model: int, losses: tuple[float, float,
 
 
 # ----------------------------------------------------------------------------- configs
+
 
 def scaled_parts(cfg: Config) -> list[str]:
     """The model parts whose depth and width are scaled: the decoder, and the encoder when it has
@@ -119,13 +132,17 @@ def scaled_config(cfg: Config, plan: ScalingPlan) -> dict:
     return raw
 
 
-def measure_losses(cfg_for: Callable[[str, list[str]], Config], cfg: Config, epsilon: int,
-                   run: Callable[[Config], dict]) -> tuple[float, float, float]:
+def measure_losses(
+    cfg_for: Callable[[str, list[str]], Config], cfg: Config, epsilon: int, run: Callable[[Config], dict]
+) -> tuple[float, float, float]:
     """Validation losses of base, l + ε, w + ε. ``cfg_for(name, overrides)`` gives a variant's
     short-budget config, ``run`` trains it and returns its final metrics (the trainer's ``train``)."""
     losses = []
-    for name, overrides in (("base", []), ("deeper", variant_overrides(cfg, epsilon, "layers")),
-                            ("wider", variant_overrides(cfg, epsilon, "width"))):
+    for name, overrides in (
+        ("base", []),
+        ("deeper", variant_overrides(cfg, epsilon, "layers")),
+        ("wider", variant_overrides(cfg, epsilon, "width")),
+    ):
         metrics = run(cfg_for(name, overrides))
         if "loss" not in metrics:
             raise ConfigError("the short runs need validation data (data.valid) to measure their loss")

@@ -1,4 +1,5 @@
 """EncoderDecoder: an encoder, a decoder and the output projection (generator)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -19,10 +20,10 @@ from onmt_doc.parts import EncoderOut
 
 @dataclass
 class ModelOut:
-    logits: torch.Tensor          # [N, V] at the N non-padding target positions
-    target: torch.Tensor          # [N]
-    target_mask: torch.Tensor     # [B, T] True at those positions
-    hidden: torch.Tensor          # [B, T, D]
+    logits: torch.Tensor  # [N, V] at the N non-padding target positions
+    target: torch.Tensor  # [N]
+    target_mask: torch.Tensor  # [B, T] True at those positions
+    hidden: torch.Tensor  # [B, T, D]
     enc_out: EncoderOut
     aux: dict = field(default_factory=dict)
 
@@ -31,14 +32,22 @@ def resolve_unit(encoder: Encoder, decoder: Decoder) -> str:
     """The translation unit: a document-level part decides; two different ones conflict."""
     units = {encoder.unit, decoder.unit} - {"sentence"}
     if len(units) > 1:
-        raise ConfigError(f"model: encoder {type(encoder).__name__} works on {encoder.unit} units but "
-                          f"decoder {type(decoder).__name__} on {decoder.unit} units")
+        raise ConfigError(
+            f"model: encoder {type(encoder).__name__} works on {encoder.unit} units but "
+            f"decoder {type(decoder).__name__} on {decoder.unit} units"
+        )
     return units.pop() if units else "sentence"
 
 
 class EncoderDecoder(nn.Module):
-    def __init__(self, encoder: Encoder, decoder: Decoder, generator: nn.Linear, word_dropout: float = 0.0,
-                 word_dropout_id: int = UNK_ID):
+    def __init__(
+        self,
+        encoder: Encoder,
+        decoder: Decoder,
+        generator: nn.Linear,
+        word_dropout: float = 0.0,
+        word_dropout_id: int = UNK_ID,
+    ):
         super().__init__()
         self.encoder, self.decoder, self.generator = encoder, decoder, generator
         self.unit = resolve_unit(encoder, decoder)
@@ -47,7 +56,7 @@ class EncoderDecoder(nn.Module):
     def forward(self, batch: Batch) -> ModelOut:
         """Teacher-forced pass; logits only where the target is not padding (saves the V-sized
         projection on padding, the largest matrix product of a small model)."""
-        if self.training and self.word_dropout > 0:   # inputs only; the targets stay intact
+        if self.training and self.word_dropout > 0:  # inputs only; the targets stay intact
             p, token = self.word_dropout, self.word_dropout_id
             batch = replace(batch, src=word_dropout(batch.src, p, token), tgt_in=word_dropout(batch.tgt_in, p, token))
         enc_out = self.encoder(batch)

@@ -4,6 +4,7 @@ Parts record statistics only inside :func:`collecting` (the trainer's validation
 passes in it), so training and translation never pay for materialising attention probabilities.
 A statistic is a (sum, count) pair; validation reports ``sum / count`` as ``valid/<name>``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -13,7 +14,7 @@ from typing import Iterator, Optional
 import torch
 
 _SINK: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("onmt_doc_analysis", default=None)
-COUNT_SUFFIX = "#n"   # key of the count that divides a statistic (see reporting.summarize)
+COUNT_SUFFIX = "#n"  # key of the count that divides a statistic (see reporting.summarize)
 
 
 @contextlib.contextmanager
@@ -44,7 +45,7 @@ def record_entropy(name: str, probs: torch.Tensor, queries: torch.Tensor) -> Non
     if not active():
         return
     p = probs.float()
-    ent = -(p * torch.log2(p.clamp_min(1e-30))).sum(-1)           # [..., H, Tq]
+    ent = -(p * torch.log2(p.clamp_min(1e-30))).sum(-1)  # [..., H, Tq]
     ent = ent * queries.unsqueeze(-2)
     record(f"entropy/{name}", ent.sum().item(), queries.sum().item() * probs.size(-3))
 
@@ -53,5 +54,3 @@ def record_mean(name: str, values: torch.Tensor, where: torch.Tensor) -> None:
     """Mean of ``values`` [..., D] over the positions where ``where`` [...] is True."""
     if active():
         record(name, (values.float() * where.unsqueeze(-1)).sum().item(), where.sum().item() * values.size(-1))
-
-

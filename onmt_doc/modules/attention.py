@@ -4,6 +4,7 @@ Self-attention projects queries, keys and values with one fused matrix; cross-at
 the memory's keys/values once per source (cached for decoding). Masks are boolean, ``True`` where
 a query may attend, broadcastable to [B, heads, queries, keys].
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -15,7 +16,7 @@ from torch import nn
 from onmt_doc.modules import analysis
 
 KV = tuple[torch.Tensor, torch.Tensor]
-Probe = tuple[str, torch.Tensor]   # (statistic name, query keep-mask [B, Tq])
+Probe = tuple[str, torch.Tensor]  # (statistic name, query keep-mask [B, Tq])
 
 
 class MultiHeadAttention(nn.Module):
@@ -54,9 +55,15 @@ class MultiHeadAttention(nn.Module):
         """[B, H, T, d_head] head outputs -> projected [B, T, D]."""
         return self._merge(x)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               mask: Optional[torch.Tensor] = None, is_causal: bool = False,
-               probe: Optional[Probe] = None) -> torch.Tensor:
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: Optional[torch.Tensor] = None,
+        is_causal: bool = False,
+        probe: Optional[Probe] = None,
+    ) -> torch.Tensor:
         """softmax(q kᵀ / sqrt(d_head)) v over heads, merged and projected. With a ``probe``
         (name, query keep-mask [B, Tq]) and analysis active, the probabilities are materialised
         once to record their entropy."""
@@ -65,17 +72,22 @@ class MultiHeadAttention(nn.Module):
             analysis.record_entropy(probe[0], probs, probe[1])
             return self._merge(probs.to(v.dtype) @ v)
         p = self.dropout if self.training else 0.0
-        return self._merge(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
-                                                          is_causal=is_causal))
+        return self._merge(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal))
 
     # --- self-attention
-    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None,
-                is_causal: bool = False, probe: Optional[Probe] = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: Optional[torch.Tensor] = None,
+        is_causal: bool = False,
+        probe: Optional[Probe] = None,
+    ) -> torch.Tensor:
         q, k, v = self._split(self.qkv(x), 3)
         return self.attend(q, k, v, mask, is_causal, probe)
 
-    def step(self, x: torch.Tensor, cache: Optional[KV],
-             mask: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, KV]:
+    def step(
+        self, x: torch.Tensor, cache: Optional[KV], mask: Optional[torch.Tensor] = None
+    ) -> tuple[torch.Tensor, KV]:
         """Self-attention of new positions over the cached prefix and themselves."""
         q, k, v = self._split(self.qkv(x), 3)
         if cache is not None:
@@ -87,14 +99,16 @@ class MultiHeadAttention(nn.Module):
         k, v = self._split(self.kv(memory), 2)
         return k, v
 
-    def cross(self, x: torch.Tensor, kv: KV, mask: Optional[torch.Tensor] = None,
-              probe: Optional[Probe] = None) -> torch.Tensor:
+    def cross(
+        self, x: torch.Tensor, kv: KV, mask: Optional[torch.Tensor] = None, probe: Optional[Probe] = None
+    ) -> torch.Tensor:
         (q,) = self._split(self.q(x), 1)
         return self.attend(q, kv[0], kv[1], mask, probe=probe)
 
 
-def attention_probs(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor] = None,
-                    is_causal: bool = False) -> torch.Tensor:
+def attention_probs(
+    q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor] = None, is_causal: bool = False
+) -> torch.Tensor:
     """Explicit attention probabilities [..., Tq, Tk] (analysis and test references); rows without
     any allowed key are all zeros."""
     scores = (q @ k.transpose(-1, -2)).float() / q.size(-1) ** 0.5

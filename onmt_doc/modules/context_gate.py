@@ -7,6 +7,7 @@ the Transformer again (gate type ``sum``, for every placement). The residual blo
 normalise the sublayer *output* before the residual sum (``rn∘ln∘f``, eqs. 2–3); the Transformer's
 pre-norm and post-norm blocks take the same gate.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Literal, Optional
@@ -51,17 +52,17 @@ class GatedResidual(Residual):
     def branch(self, x: torch.Tensor, fn: Sublayer) -> torch.Tensor:
         """``s``: what the plain block adds to ``x``."""
         if self.placement == "paper":
-            return self.dropout(self.norm(fn(x)))          # eq. 2: s = ln∘att(t, h)
+            return self.dropout(self.norm(fn(x)))  # eq. 2: s = ln∘att(t, h)
         return self.dropout(fn(self.normed(x)))
 
     def gated(self, t: torch.Tensor, fn: Sublayer) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """The gated sum and the gate z, both [..., D] (z None for the plain sum)."""
         s = self.branch(t, fn)
         if self.gate is None:
-            out, z = t + s, None                                     # Remark: t + s, the Transformer
+            out, z = t + s, None  # Remark: t + s, the Transformer
         else:
             z = torch.sigmoid(self.gate(torch.cat([t, s], dim=-1)))  # eq. 4: z = σ(ff(t ‖ s))
-            out = t + z * (s - t)                                    # eq. 3: (1 − z) ⊗ t + z ⊗ s
+            out = t + z * (s - t)  # eq. 3: (1 − z) ⊗ t + z ⊗ s
         return (self.norm(out) if self.placement == "post" else out), z
 
     def forward(self, x: torch.Tensor, fn: Sublayer) -> torch.Tensor:

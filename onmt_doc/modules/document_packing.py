@@ -7,6 +7,7 @@ of each document into one packed sequence: [G documents, M slots]. No row ever s
 document's slots, and padding costs only the difference between document sizes, which the
 batching keeps small (windows of one size are batched together).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,12 +32,12 @@ def group_slots(group: torch.Tensor, n_groups: int) -> tuple[torch.Tensor, torch
 class Packing:
     """Where the kept positions of [R rows, L] sit in a packed [G documents, M slots] layout."""
 
-    index: torch.Tensor            # [K] flat packed position (doc * M + slot) of each kept position
-    keep: Optional[torch.Tensor]   # [R * L] kept positions (None = all)
+    index: torch.Tensor  # [K] flat packed position (doc * M + slot) of each kept position
+    keep: Optional[torch.Tensor]  # [R * L] kept positions (None = all)
     rows: int
-    length: int                    # L
-    docs: int                      # G
-    slots: int                     # M
+    length: int  # L
+    docs: int  # G
+    slots: int  # M
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """[R, L, ...] -> [G, M, ...], zeros in empty slots."""
@@ -62,8 +63,7 @@ class Packing:
         return pad.view(self.docs, self.slots)
 
 
-def plan_packing(row_doc: torch.Tensor, n_docs: int, length: int = 1,
-                 keep: Optional[torch.Tensor] = None) -> Packing:
+def plan_packing(row_doc: torch.Tensor, n_docs: int, length: int = 1, keep: Optional[torch.Tensor] = None) -> Packing:
     """Packing of [R, length] positions (only ``keep`` [R, length] where given) by document
     ``row_doc`` [R]; positions keep their row-major order inside a document."""
     rows = row_doc.numel()
@@ -80,8 +80,8 @@ def plan_packing(row_doc: torch.Tensor, n_docs: int, length: int = 1,
 class DocumentMemory:
     """Keys/values of one attention over every document's packed sequence (one cache per layer)."""
 
-    kv: KV                   # [G, H, N, d_head] each
-    mask: torch.Tensor       # [G, 1, 1, N] True at real positions
+    kv: KV  # [G, H, N, d_head] each
+    mask: torch.Tensor  # [G, 1, 1, N] True at real positions
 
 
 def document_memory(attn: MultiHeadAttention, memory: torch.Tensor, pad: torch.Tensor) -> DocumentMemory:
@@ -89,8 +89,13 @@ def document_memory(attn: MultiHeadAttention, memory: torch.Tensor, pad: torch.T
     return DocumentMemory(attn.memory_kv(memory), (~pad)[:, None, None, :])
 
 
-def attend_documents(attn: MultiHeadAttention, h: torch.Tensor, row_doc: torch.Tensor,
-                     memory: DocumentMemory, probe: Optional[str] = None) -> torch.Tensor:
+def attend_documents(
+    attn: MultiHeadAttention,
+    h: torch.Tensor,
+    row_doc: torch.Tensor,
+    memory: DocumentMemory,
+    probe: Optional[str] = None,
+) -> torch.Tensor:
     """Cross-attention of every row's queries h [R, T, D] over its own document's memory.
 
     The rows of a document are packed into one query sequence [G, M·T] so the document's keys and
@@ -98,10 +103,10 @@ def attend_documents(attn: MultiHeadAttention, h: torch.Tensor, row_doc: torch.T
     copies). Returns [R, T, D]."""
     rows, t, _ = h.shape
     packing = plan_packing(row_doc, memory.mask.size(0), t)
-    q = attn.project_q(h).transpose(1, 2)                              # [R, T, H, d]
-    q = packing.pack(q).transpose(1, 2)                                # [G, H, M·T, d]
+    q = attn.project_q(h).transpose(1, 2)  # [R, T, H, d]
+    q = packing.pack(q).transpose(1, 2)  # [G, H, M·T, d]
     query_probe: Optional[Probe] = None
     if probe is not None:
         query_probe = (probe, ~packing.padding())
-    out = attn.attend(q, memory.kv[0], memory.kv[1], memory.mask, probe=query_probe)   # [G, M·T, D]
+    out = attn.attend(q, memory.kv[0], memory.kv[1], memory.mask, probe=query_probe)  # [G, M·T, D]
     return packing.unpack(out)

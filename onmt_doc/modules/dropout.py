@@ -6,6 +6,7 @@ bulk 64-bit random words read as four 16-bit uniforms: about 3× faster, with p 
 multiple of 1/65536. It uses torch's default generator, so seeding and the RNG state saved in
 checkpoints work unchanged. Other devices use torch's fused dropout.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,7 +24,7 @@ def dropout_mask(shape: tuple[int, ...], p: float, like: torch.Tensor) -> torch.
     if like.device.type != "cpu":
         return F.dropout(torch.ones(shape, dtype=like.dtype, device=like.device), p, True)
     n = math.prod(shape)
-    words = torch.randint(-2 ** 63, 2 ** 63 - 1, ((n + 3) // 4,), dtype=torch.int64)
+    words = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64)
     uniform16 = words.view(torch.int16)[:n].view(shape)
     keep = uniform16 >= int(round(p * _INT16_RANGE)) - _INT16_RANGE // 2
     return keep.to(like.dtype) * (1.0 / (1.0 - p))

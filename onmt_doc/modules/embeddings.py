@@ -1,4 +1,5 @@
 """Token embeddings with sinusoidal positions (Vaswani et al., 2017, sec. 3.5)."""
+
 from __future__ import annotations
 
 import math
@@ -35,19 +36,20 @@ class SinusoidalPositions(nn.Module):
         if needed > self.table.size(0):
             self.table = sinusoid_table(max(needed, 2 * self.table.size(0)), self.dim).to(self.table.device)
         if isinstance(positions, int):
-            return self.table[positions:positions + length]
+            return self.table[positions : positions + length]
         return self.table[positions]
 
 
 class Embeddings(nn.Module):
     """``dropout(E[x] * sqrt(d) + PE)``; the matrix may be shared by source, target and output."""
 
-    def __init__(self, vocab_size: int, d_model: int, dropout: float, max_positions: int = 4096,
-                 positions: bool = True):
+    def __init__(
+        self, vocab_size: int, d_model: int, dropout: float, max_positions: int = 4096, positions: bool = True
+    ):
         super().__init__()
         self.d_model = d_model
         self.tokens = nn.Embedding(vocab_size, d_model, padding_idx=PAD_ID)
-        nn.init.normal_(self.tokens.weight, mean=0.0, std=d_model ** -0.5)
+        nn.init.normal_(self.tokens.weight, mean=0.0, std=d_model**-0.5)
         with torch.no_grad():
             self.tokens.weight[PAD_ID].zero_()
         self.positions = SinusoidalPositions(d_model, max_positions) if positions else None
@@ -58,13 +60,17 @@ class Embeddings(nn.Module):
     def weight(self) -> torch.Tensor:
         return self.tokens.weight
 
-    def forward(self, ids: torch.Tensor, offset: Union[int, torch.Tensor] = 0,
-                positions: Optional[torch.Tensor] = None, with_positions: bool = True) -> torch.Tensor:
+    def forward(
+        self,
+        ids: torch.Tensor,
+        offset: Union[int, torch.Tensor] = 0,
+        positions: Optional[torch.Tensor] = None,
+        with_positions: bool = True,
+    ) -> torch.Tensor:
         """Embed [B, T] ids whose first position is ``offset`` (or explicit [B, T] ``positions``);
         ``with_positions=False`` leaves positions out (a user of a shared module whose order
         comes from elsewhere, e.g. the MHPLSTM decoder's recurrence)."""
         x = self.tokens(ids) * self.scale
         if self.positions is not None and with_positions:
-            x = x + (self.positions(positions) if positions is not None
-                     else self.positions(offset, ids.size(1)))
+            x = x + (self.positions(positions) if positions is not None else self.positions(offset, ids.size(1)))
         return self.dropout(x)

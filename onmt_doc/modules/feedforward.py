@@ -1,4 +1,5 @@
 """Position-wise feed-forward network."""
+
 from __future__ import annotations
 
 import torch

@@ -9,6 +9,7 @@ sentence are gathered into a block of their own, attention runs over a [G, L, L]
 A :class:`BlockPlan` holds the gather/scatter indices of one batch; it is built once per forward
 pass and shared by every layer.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,15 +25,15 @@ from onmt_doc.modules.document_packing import group_slots
 
 @dataclass
 class BlockPlan:
-    q_index: torch.Tensor    # [G, Lq] flat query positions (row * Nq + i) of each block
-    k_index: torch.Tensor    # [G, Lk] flat key positions of the same sentence
-    q_valid: torch.Tensor    # [G, Lq] slot holds a real query
-    mask: torch.Tensor       # [G, 1, Lq, Lk] True where a query may attend
+    q_index: torch.Tensor  # [G, Lq] flat query positions (row * Nq + i) of each block
+    k_index: torch.Tensor  # [G, Lk] flat key positions of the same sentence
+    q_valid: torch.Tensor  # [G, Lq] slot holds a real query
+    mask: torch.Tensor  # [G, 1, Lq, Lk] True where a query may attend
     has_keys: Optional[torch.Tensor]  # [G, 1, 1, 1] (cross-attention) the sentence has source keys
-    free_pos: torch.Tensor   # [M] flat positions of tag-0 queries, which see their whole row
-    free_row: torch.Tensor   # [M] batch row of each
+    free_pos: torch.Tensor  # [M] flat positions of tag-0 queries, which see their whole row
+    free_row: torch.Tensor  # [M] batch row of each
     free_mask: torch.Tensor  # [M, 1, 1, Nk]
-    inverse: torch.Tensor    # [B * Nq] row of [block slots; free queries; zero] holding each output
+    inverse: torch.Tensor  # [B * Nq] row of [block slots; free queries; zero] holding each output
 
 
 GROUP, GLOBAL, COMBINED = "group", "global", "combined"
@@ -106,12 +107,19 @@ def plan_cross(q_tags: torch.Tensor, q_keep: torch.Tensor, k_tags: torch.Tensor,
     # a target sentence without a source sentence (malformed input) gets a zero output, not NaN
     mask = (k_valid[:, None, None, :] | ~has_keys).expand(-1, 1, q_valid.size(1), -1)
     free_pos, free_row = _free_queries(q_tags, q_keep)
-    return _finish(q_tags, q_index, k_index, q_valid, mask, has_keys, free_pos, free_row,
-                   k_keep[free_row][:, None, None, :])
+    return _finish(
+        q_tags, q_index, k_index, q_valid, mask, has_keys, free_pos, free_row, k_keep[free_row][:, None, None, :]
+    )
 
 
-def group_attend(plan: BlockPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float = 0.0,
-                 probe: Optional[str] = None) -> torch.Tensor:
+def group_attend(
+    plan: BlockPlan,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dropout: float = 0.0,
+    probe: Optional[str] = None,
+) -> torch.Tensor:
     """Attention of q [B, H, Nq, d] over k, v [B, H, Nk, d] within blocks; returns [B, H, Nq, d]
     (zeros at padding queries). ``probe`` names the entropy statistic recorded during analysis."""
     b, h, nq, d = q.shape
@@ -124,11 +132,18 @@ def group_attend(plan: BlockPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
             ob = ob * plan.has_keys
         outputs.append(ob.transpose(1, 2).reshape(-1, h, d))
     if plan.free_pos.numel():
-        qf = flat[0][plan.free_pos][:, :, None]                              # [M, H, 1, d]
-        of = _attend(qf, k[plan.free_row], v[plan.free_row], plan.free_mask, dropout, probe,
-                     torch.ones(qf.size(0), 1, dtype=torch.bool, device=q.device))
+        qf = flat[0][plan.free_pos][:, :, None]  # [M, H, 1, d]
+        of = _attend(
+            qf,
+            k[plan.free_row],
+            v[plan.free_row],
+            plan.free_mask,
+            dropout,
+            probe,
+            torch.ones(qf.size(0), 1, dtype=torch.bool, device=q.device),
+        )
         outputs.append(of[:, :, 0])
-    outputs.append(q.new_zeros(1, h, d))                                     # padding queries
+    outputs.append(q.new_zeros(1, h, d))  # padding queries
     return torch.cat(outputs)[plan.inverse].view(b, nq, h, d).transpose(1, 2)
 
 

@@ -20,6 +20,7 @@ Layer norms take their statistics per head (``norm_group="per_head"``, the paper
 HPLSTMs) or over all heads of a position (``"all_heads"``, the authors' released code); see
 :class:`GroupedLayerNorm` and docs/models/mhplstm.md.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -74,7 +75,7 @@ class GroupedLayerNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = (self.heads,) + (1,) * (x.dim() - 1 - len(self.tail)) + self.tail
-        if self.over_heads:     # statistics over dim 0 (heads) and the tail (parts, features)
+        if self.over_heads:  # statistics over dim 0 (heads) and the tail (parts, features)
             dims = (0,) + tuple(range(x.dim() - len(self.tail), x.dim()))
             var, mean = torch.var_mean(x, dim=dims, correction=0, keepdim=True)
             y = (x - mean) * torch.rsqrt(var + self.eps)
@@ -132,7 +133,7 @@ class LinearScan(torch.autograd.Function):
     def backward(cls, ctx, grad: torch.Tensor):
         f, c, c0 = ctx.saved_tensors
         total = cls.kernels[1](f, grad.contiguous())
-        previous = torch.cat([c0.unsqueeze(1), c[:, :-1]], dim=1)          # c_{t-1}
+        previous = torch.cat([c0.unsqueeze(1), c[:, :-1]], dim=1)  # c_{t-1}
         return total * previous, total, total[:, 0] * f[:, 0]
 
 
@@ -143,7 +144,7 @@ def linear_scan(f: torch.Tensor, hr: torch.Tensor, c0: Optional[torch.Tensor] = 
     NaNs or infinities."""
     if c0 is None:
         c0 = torch.zeros_like(hr[:, 0])
-    if f.size(1) == 1:                       # a decoding step: no scan machinery
+    if f.size(1) == 1:  # a decoding step: no scan machinery
         return torch.addcmul(hr, f, c0.unsqueeze(1))
     return LinearScan.apply(f, hr, c0)
 
@@ -154,8 +155,15 @@ def linear_scan(f: torch.Tensor, hr: torch.Tensor, c0: Optional[torch.Tensor] = 
 class MultiHeadHPLSTM(nn.Module):
     """MHPLSTM sublayer ``[B, T, D] -> [B, T, D]``, causal, replacing decoder self-attention."""
 
-    def __init__(self, d_model: int, heads: int, dropout: float, hidden_layers: int = 2,
-                 hidden_ratio: int = 4, norm_group: str = "per_head"):
+    def __init__(
+        self,
+        d_model: int,
+        heads: int,
+        dropout: float,
+        hidden_layers: int = 2,
+        hidden_ratio: int = 4,
+        norm_group: str = "per_head",
+    ):
         super().__init__()
         if d_model % heads:
             raise ValueError(f"d_model {d_model} is not divisible by {heads} heads")
@@ -166,9 +174,9 @@ class MultiHeadHPLSTM(nn.Module):
         self.heads, self.d_head = heads, d_model // heads
         d = self.d_head
         self.d_hidden = hidden_ratio * d if hidden_layers == 2 else d
-        over = norm_group == "all_heads"     # the released code's grouping (docs/models/mhplstm.md)
-        self.split = nn.Linear(d_model, d_model)                         # eq. 19: W_s
-        self.sum_norm = GroupedLayerNorm(heads, d, over_heads=over)      # eq. 10: LN(s)
+        over = norm_group == "all_heads"  # the released code's grouping (docs/models/mhplstm.md)
+        self.split = nn.Linear(d_model, d_model)  # eq. 19: W_s
+        self.sum_norm = GroupedLayerNorm(heads, d, over_heads=over)  # eq. 10: LN(s)
         # eqs. 11, 12, 13/14 read the same v: one product for both gates and the hidden layer
         self.gates_hidden = GroupedLinear(heads, 2 * d, 2 * d + self.d_hidden)
         # all_heads with eq. 13: the released code normalises both gates and h in one group
@@ -177,9 +185,9 @@ class MultiHeadHPLSTM(nn.Module):
         self.hidden_norm = None if joint else GroupedLayerNorm(heads, self.d_hidden, over_heads=over)  # eq. 13/14
         self.hidden_out = GroupedLinear(heads, self.d_hidden, d) if hidden_layers == 2 else None
         self.hidden_dropout = Dropout(dropout)
-        self.out_gate = GroupedLinear(heads, 2 * d, d)                   # eq. 17: W_o
+        self.out_gate = GroupedLinear(heads, 2 * d, d)  # eq. 17: W_o
         self.out_gate_norm = GroupedLayerNorm(heads, d, over_heads=over)
-        self.merge = nn.Linear(d_model, d_model)                         # eq. 21: W_m
+        self.merge = nn.Linear(d_model, d_model)  # eq. 21: W_m
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         """[B, T, D] -> [H, T, B, d]."""
@@ -198,44 +206,43 @@ class MultiHeadHPLSTM(nn.Module):
     def _gates_and_hidden(self, fused: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Input gate, forget gate (eqs. 11, 12) and h (eq. 13/14) from the fused product."""
         d = self.d_head
-        if self.hidden_norm is None:         # eq. 13 with all_heads: one LN over gates and h
+        if self.hidden_norm is None:  # eq. 13 with all_heads: one LN over gates and h
             normed = self.gate_norm(fused.unflatten(-1, (3, d)))
             in_gate, forget_gate = torch.sigmoid(normed[..., :2, :]).unbind(-2)
             return in_gate, forget_gate, torch.relu(normed[..., 2, :])
-        gates = torch.sigmoid(self.gate_norm(fused[..., :2 * d].unflatten(-1, (2, d))))   # eqs. 11, 12
-        in_gate, forget_gate = gates.unbind(-2)                          # [H, T·B, d] each
-        return in_gate, forget_gate, self._hidden(self.hidden_norm(fused[..., 2 * d:]))
+        gates = torch.sigmoid(self.gate_norm(fused[..., : 2 * d].unflatten(-1, (2, d))))  # eqs. 11, 12
+        in_gate, forget_gate = gates.unbind(-2)  # [H, T·B, d] each
+        return in_gate, forget_gate, self._hidden(self.hidden_norm(fused[..., 2 * d :]))
 
     def _hidden(self, normed: torch.Tensor) -> torch.Tensor:
         """h from the normalised hidden part of the fused product: eq. 14 (2 layers) or eq. 13."""
-        a = torch.relu(normed)                                           # α(LN(W_h1 v + b_h1)), α = ReLU
+        a = torch.relu(normed)  # α(LN(W_h1 v + b_h1)), α = ReLU
         if self.hidden_out is None:
-            return a                                                     # eq. 13
-        return self.hidden_out(self.hidden_dropout(a))                   # eq. 14: W_h2 α(·) + b_h2
+            return a  # eq. 13
+        return self.hidden_out(self.hidden_dropout(a))  # eq. 14: W_h2 α(·) + b_h2
 
-    def forward(self, x: torch.Tensor, state: Optional[HPLSTMState] = None
-                ) -> tuple[torch.Tensor, HPLSTMState]:
+    def forward(self, x: torch.Tensor, state: Optional[HPLSTMState] = None) -> tuple[torch.Tensor, HPLSTMState]:
         """Outputs for ``x`` [B, T, D] following the prefix summarised by ``state`` (None: no
         prefix), and the state after position T (what decoding carries; target padding sits at
         the end of a row, so it never reaches a real position)."""
         h, d = self.heads, self.d_head
-        i = self._heads(self.split(x)).contiguous()                      # eq. 19: [H, T, B, d]
+        i = self._heads(self.split(x)).contiguous()  # eq. 19: [H, T, B, d]
         _, t, b, _ = i.shape
         # eq. 9: exclusive prefix sum s_t = Σ_{k<t} i_k (s_1 = 0), continued from the state
         start = torch.zeros_like(i[:, :1]) if state is None else self._state_heads(state[0])
         c0 = None if state is None else self._state_heads(state[1])[:, 0]
-        if t == 1:                                                       # a decoding step
+        if t == 1:  # a decoding step
             s, total = start, i + start
         else:
             total = torch.cumsum(i, dim=1) if state is None else torch.cumsum(i, dim=1) + start
             s = torch.cat([start, total[:, :-1]], dim=1)
-        v = torch.cat([i, self.sum_norm(s)], dim=-1)                     # eq. 10: v = i | LN(s)
-        fused = self.gates_hidden(v.view(h, t * b, 2 * d))              # [H, T·B, 2d + hidden]
+        v = torch.cat([i, self.sum_norm(s)], dim=-1)  # eq. 10: v = i | LN(s)
+        fused = self.gates_hidden(v.view(h, t * b, 2 * d))  # [H, T·B, 2d + hidden]
         in_gate, forget_gate, hidden = self._gates_and_hidden(fused)
-        hr = hidden * in_gate                                            # eq. 15: h_r = h ⊙ i_g
-        c = linear_scan(forget_gate.view(h, t, b, d), hr.view(h, t, b, d), c0)   # eq. 16
+        hr = hidden * in_gate  # eq. 15: h_r = h ⊙ i_g
+        c = linear_scan(forget_gate.view(h, t, b, d), hr.view(h, t, b, d), c0)  # eq. 16
         ic = torch.cat([i, c], dim=-1).view(h, t * b, 2 * d)
         out_gate = torch.sigmoid(self.out_gate_norm(self.out_gate(ic)))  # eq. 17
-        o = c * out_gate.view(h, t, b, d)                                # eq. 18: o = c ⊙ o_g
+        o = c * out_gate.view(h, t, b, d)  # eq. 18: o = c ⊙ o_g
         new_state = (self._batch_first(total[:, -1:])[:, 0], self._batch_first(c[:, -1:])[:, 0])
-        return self.merge(self._batch_first(o)), new_state              # eq. 21: heads concatenated, W_m
+        return self.merge(self._batch_first(o)), new_state  # eq. 21: heads concatenated, W_m

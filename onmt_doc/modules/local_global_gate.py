@@ -1,4 +1,5 @@
 """Gate-sum of two representations (G-Transformer eq. 10, after Zhang et al. 2016, Tu et al. 2017)."""
+
 from __future__ import annotations
 
 import torch
@@ -13,9 +14,9 @@ class GateSum(nn.Module):
     def __init__(self, d_model: int, name: str):
         super().__init__()
         self.proj = nn.Linear(2 * d_model, d_model)
-        self.name = name    # analysis statistic gate/<name>: the mean gate value
+        self.name = name  # analysis statistic gate/<name>: the mean gate value
 
     def forward(self, local: torch.Tensor, global_: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        g = torch.sigmoid(self.proj(torch.cat([local, global_], dim=-1)))   # eq. 10
+        g = torch.sigmoid(self.proj(torch.cat([local, global_], dim=-1)))  # eq. 10
         analysis.record_mean(f"gate/{self.name}", g, keep)
         return g * local + (1.0 - g) * global_

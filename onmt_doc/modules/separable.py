@@ -5,6 +5,7 @@ The joint representation is laid out ``[B, T, S, E]``: target position first, so
 appends one ``[B, 1, S, E]`` row. Attention along one axis folds the other axis into the batch
 (eq. 5) and runs the ordinary :class:`MultiHeadAttention`; nothing here re-implements attention.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -22,6 +23,7 @@ TARGET_AXIS, SOURCE_AXIS = 1, 2
 
 # ----------------------------------------------------------------------------- separable attention
 
+
 class TargetAttention(nn.Module):
     """Causal self-attention along T, one independent sequence per (batch, source position)
     (eq. 5 with D = T). Decoding caches its keys/values per layer as ``[B, S, H, t, d_head]``."""
@@ -32,7 +34,7 @@ class TargetAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, s, e = x.shape
-        folded = x.transpose(1, 2).reshape(b * s, t, e)            # S folded into the batch
+        folded = x.transpose(1, 2).reshape(b * s, t, e)  # S folded into the batch
         out = self.attn(folded, is_causal=True)
         return out.view(b, s, t, e).transpose(1, 2)
 
@@ -58,10 +60,11 @@ class SourceAttention(nn.Module):
         """``x`` [B, T, S, E]; ``src_keep`` [B, S] True on real source tokens."""
         b, t, s, e = x.shape
         mask = src_keep[:, None, None, None, :].expand(b, t, 1, 1, s).reshape(b * t, 1, 1, s)
-        return self.attn(x.reshape(b * t, s, e), mask).view(b, t, s, e)   # T folded into the batch
+        return self.attn(x.reshape(b * t, s, e), mask).view(b, t, s, e)  # T folded into the batch
 
 
 # ----------------------------------------------------------------------------- Dropout1d / Dropout2d
+
 
 class SharedDropout(nn.Module):
     """Inverted dropout whose noise is drawn once and shared along ``shared_axes``: a feature
@@ -112,6 +115,7 @@ class JointResidual(Residual):
 
 # ----------------------------------------------------------------------------- Reduction
 
+
 class Reduction(nn.Module):
     """Reduction (eq. 6): ``[B, T, S, E] -> [B, T, E]``, one vector per target position.
 
@@ -123,11 +127,11 @@ class Reduction(nn.Module):
     def __init__(self, d_model: int):
         super().__init__()
         self.input_norm = nn.LayerNorm(d_model)
-        self.score = nn.Linear(d_model, d_model, bias=False)     # row i is W_i
+        self.score = nn.Linear(d_model, d_model, bias=False)  # row i is W_i
         self.output_norm = nn.LayerNorm(d_model)
 
     def forward(self, x: torch.Tensor, src_keep: torch.Tensor) -> torch.Tensor:
         x = self.input_norm(x)
-        scores = self.score(x).masked_fill(~src_keep[:, None, :, None], float("-inf"))   # [B, T, S, E]
-        weights = scores.softmax(dim=SOURCE_AXIS)                                        # eq. 6 softmax over S
+        scores = self.score(x).masked_fill(~src_keep[:, None, :, None], float("-inf"))  # [B, T, S, E]
+        weights = scores.softmax(dim=SOURCE_AXIS)  # eq. 6 softmax over S
         return self.output_norm((weights * x).sum(SOURCE_AXIS))

@@ -6,6 +6,7 @@ beams of one sentence, so reordering beams inside their sentence skips them. Fie
 ``shared_fields`` are not per row at all (e.g. one key/value cache per document that several
 rows index into); reordering never touches them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields

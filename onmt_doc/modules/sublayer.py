@@ -1,4 +1,5 @@
 """Residual connection with layer norm, pre-norm (default) or post-norm."""
+
 from __future__ import annotations
 
 from typing import Callable

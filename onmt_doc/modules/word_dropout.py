@@ -1,6 +1,7 @@
 """Word dropout (Bowman et al., 2016; G-Transformer appendix C.1): during training, input tokens are
 replaced by ``<unk>`` or ``<mask>`` with probability p. Special tokens (markup, ``<bos>``) are
 never replaced, so sentence structure and group tags are unchanged."""
+
 from __future__ import annotations
 
 import torch

@@ -3,6 +3,7 @@
 Parameter groups carry an ``lr_scale`` (fine-tuning copies parameters from a checkpoint at a
 smaller rate); the schedule sets each group's lr to ``optim.lr × lr_scale × schedule(step)``.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -29,10 +30,9 @@ _register("sgd", torch.optim.SGD)
 # optimizer instead), looked up through its public ``get``; our own table, so a torch-optimizer
 # release that renames or drops one fails here, at import, naming it.
 TORCH_OPTIMIZER_NAMES = (
-    "accsgd", "adabelief", "adabound", "adamod", "adamp", "aggmo", "diffgrad", "lamb", "lars", "madgrad",
-    "novograd", "pid", "qhadam", "qhm", "radam", "ranger", "rangerqh", "rangerva", "sgdp", "sgdw",
-    "shampoo", "swats", "yogi",
-)
+    "accsgd adabelief adabound adamod adamp aggmo diffgrad lamb lars madgrad novograd pid qhadam qhm radam "
+    "ranger rangerqh rangerva sgdp sgdw shampoo swats yogi"
+).split()
 for _name in TORCH_OPTIMIZER_NAMES:
     _register(_name, torch_optimizer.get(_name))
 
@@ -47,11 +47,16 @@ def build_optimizer(cfg: OptimConfig, groups: Sequence[dict]) -> torch.optim.Opt
             args[key] = value
     for key, value in cfg.params.items():
         if key not in accepted or key in ("self", "params"):
-            raise ConfigError(f"optim.params.{key}: not an argument of {cfg.type}"
-                              f"{closest(key, [k for k in accepted if k not in ('self', 'params')])}")
+            raise ConfigError(
+                f"optim.params.{key}: not an argument of {cfg.type}"
+                f"{closest(key, [k for k in accepted if k not in ('self', 'params')])}"
+            )
         args[key] = value
-    param_groups = [{"params": list(g["params"]), "lr_scale": g.get("lr_scale", 1.0),
-                     "name": g.get("name", "default")} for g in groups if list(g["params"])]
+    param_groups = [
+        {"params": list(g["params"]), "lr_scale": g.get("lr_scale", 1.0), "name": g.get("name", "default")}
+        for g in groups
+        if list(g["params"])
+    ]
     if "fused" in accepted and "fused" not in cfg.params and "foreach" not in cfg.params:
         fused = _fused_or_none(cls, param_groups, args)
         if fused is not None:
@@ -68,12 +73,11 @@ def _fused_or_none(cls: type, param_groups: list[dict], args: dict):
     for the 7.6M parameters of the benchmark Transformer). Same update rule."""
     try:
         return cls(param_groups, fused=True, **args)
-    except (RuntimeError, TypeError, ValueError):   # older torch, or a device without the fused kernel
+    except (RuntimeError, TypeError, ValueError):  # older torch, or a device without the fused kernel
         return None
 
 
-def param_groups(named_params: Iterable[tuple[str, torch.nn.Parameter]], scaled: set[str],
-                 scale: float) -> list[dict]:
+def param_groups(named_params: Iterable[tuple[str, torch.nn.Parameter]], scaled: set[str], scale: float) -> list[dict]:
     """Two groups: parameters in ``scaled`` (e.g. copied by init_from) at ``scale``, the rest at 1."""
     base, copied = [], []
     for name, p in named_params:

@@ -2,6 +2,7 @@
 
 A schedule is a pure function of the step, so resuming needs only the step counter.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,7 +47,7 @@ class Noam(Schedule):
 
     def factor(self, step: int) -> float:
         step, w = max(step, 1), max(self.cfg.warmup, 1)
-        return self.d_model ** -0.5 * min(step ** -0.5, step * w ** -1.5)
+        return self.d_model**-0.5 * min(step**-0.5, step * w**-1.5)
 
 
 @REGISTRY.register("linear_decay", LinearDecayConfig)

@@ -8,6 +8,7 @@ the toy corpus, whose rule refers to the previous sentence: kept so the suite ha
 shape), ``ref pronoun`` and ``context sentences`` (how many preceding sentences there are).
 Written in both formats: ``test.contrastive.json`` and ``test.contrastive.tsv``.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,16 @@ from typing import Iterator
 from onmt_doc.evaluation.contrastive import CONTEXT_SEP
 from onmt_doc.toy.corpus import PRONOUN_FORMS, ToySentence, generate_documents
 
-TSV_HEADER = ["ante distance", "ref pronoun", "context sentences", "context_src", "context_tgt", "source",
-              "correct", "contrastive"]
+TSV_HEADER = [
+    "ante distance",
+    "ref pronoun",
+    "context sentences",
+    "context_src",
+    "context_tgt",
+    "source",
+    "correct",
+    "contrastive",
+]
 
 
 def toy_items(docs: list[list[ToySentence]], split: str = "test") -> Iterator[dict]:
@@ -27,19 +36,26 @@ def toy_items(docs: list[list[ToySentence]], split: str = "test") -> Iterator[di
         for i, sent in enumerate(doc):
             for index, form in sent.context_words:
                 slot = "nom" if index == 0 else "acc"
-                gender = doc[i - 1].subject.gender            # the toy rule: previous sentence's subject
+                gender = doc[i - 1].subject.gender  # the toy rule: previous sentence's subject
                 wrong = []
                 for g, other in PRONOUN_FORMS[slot].items():
                     if g != gender:
                         tgt = list(sent.tgt)
                         tgt[index] = other
                         wrong.append({"contrastive": " ".join(tgt), "replacement": other})
-                yield {"document id": f"{split}-{d}", "segment id": i + 1, "ante distance": 1,
-                       "ref pronoun": form, "src pronoun": "it",
-                       "category": {"context sentences": str(i)},
-                       "src segment": " ".join(sent.src), "ref segment": " ".join(sent.tgt), "errors": wrong,
-                       "context_src": [" ".join(s.src) for s in doc[:i]],
-                       "context_tgt": [" ".join(s.tgt) for s in doc[:i]]}
+                yield {
+                    "document id": f"{split}-{d}",
+                    "segment id": i + 1,
+                    "ante distance": 1,
+                    "ref pronoun": form,
+                    "src pronoun": "it",
+                    "category": {"context sentences": str(i)},
+                    "src segment": " ".join(sent.src),
+                    "ref segment": " ".join(sent.tgt),
+                    "errors": wrong,
+                    "context_src": [" ".join(s.src) for s in doc[:i]],
+                    "context_tgt": [" ".join(s.tgt) for s in doc[:i]],
+                }
 
 
 def write_toy_suite(out_dir: str | Path, seed: int = 1, test_docs: int = 145) -> int:
@@ -52,8 +68,15 @@ def write_toy_suite(out_dir: str | Path, seed: int = 1, test_docs: int = 145) ->
     with open(out / "test.contrastive.tsv", "w", encoding="utf-8", newline="\n") as f:
         f.write("#" + "\t".join(TSV_HEADER) + "\n")
         for it in items:
-            row = [str(it["ante distance"]), it["ref pronoun"], it["category"]["context sentences"],
-                   CONTEXT_SEP.join(it["context_src"]), CONTEXT_SEP.join(it["context_tgt"]),
-                   it["src segment"], it["ref segment"], *(e["contrastive"] for e in it["errors"])]
+            row = [
+                str(it["ante distance"]),
+                it["ref pronoun"],
+                it["category"]["context sentences"],
+                CONTEXT_SEP.join(it["context_src"]),
+                CONTEXT_SEP.join(it["context_tgt"]),
+                it["src segment"],
+                it["ref segment"],
+                *(e["contrastive"] for e in it["errors"]),
+            ]
             f.write("\t".join(row) + "\n")
     return len(items)

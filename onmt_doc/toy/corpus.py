@@ -172,9 +172,7 @@ PRONOUN_FORMS: dict[str, dict[str, str]] = {
     "acc": {"m": "ihn", "f": "sie", "n": "es"},
 }
 # These tokens occur in the target only as context-dependent pronouns.
-ALL_PRONOUN_FORMS: frozenset[str] = frozenset(
-    form for forms in PRONOUN_FORMS.values() for form in forms.values()
-)
+ALL_PRONOUN_FORMS: frozenset[str] = frozenset(form for forms in PRONOUN_FORMS.values() for form in forms.values())
 
 SPLITS: tuple[str, ...] = ("train", "valid", "test")
 
@@ -216,9 +214,7 @@ class SplitStats:
     context_words: int
 
 
-def _noun_phrase(
-    rng: random.Random, noun: Noun, allow_adjective: bool
-) -> tuple[list[str], list[str]]:
+def _noun_phrase(rng: random.Random, noun: Noun, allow_adjective: bool) -> tuple[list[str], list[str]]:
     """Source/target tokens for DET [ADJ] NOUN; target puts the adjective last."""
     det = "the" if rng.random() < DEFINITE_PROB else "a"
     src = [det]
@@ -287,9 +283,7 @@ def _sentence(rng: random.Random, antecedent: Noun | None) -> ToySentence:
     return ToySentence(tuple(src), tuple(tgt), subject, tuple(ctx))
 
 
-def generate_documents(
-    n_docs: int, seed: int = 1, split: str = "train"
-) -> list[list[ToySentence]]:
+def generate_documents(n_docs: int, seed: int = 1, split: str = "train") -> list[list[ToySentence]]:
     """Generate ``n_docs`` documents deterministically.
 
     Each split gets its own ``random.Random`` seeded from (seed, split), so

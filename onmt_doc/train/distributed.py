@@ -2,6 +2,7 @@
 
 Without torchrun's environment variables everything degrades to one process, no process group.
 """
+
 from __future__ import annotations
 
 import os

@@ -3,6 +3,7 @@
 Kept apart from the trainer so the training loop never probes hardware itself, and so the rules
 (OMP_NUM_THREADS under torchrun, bf16 only where AMX makes it pay) live in one place.
 """
+
 from __future__ import annotations
 
 import contextlib

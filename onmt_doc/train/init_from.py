@@ -4,6 +4,7 @@ Checkpoint surgery kept out of the trainer: copy every parameter the checkpoint 
 new model (same name, same shape, same vocabularies) and give the copied ones their own learning
 rate group (``train.init_lr_scale``), so fine-tuning can move pretrained weights more gently.
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,15 +23,19 @@ def init_from(model: EncoderDecoder, path: str, codec: Codec) -> set[str]:
     """Copy every parameter the checkpoint shares with ``model``; return the copied names."""
     ckpt = load_checkpoint(path)
     if ckpt["codec"]["src_vocab"] != codec.src_vocab.itos or ckpt["codec"]["tgt_vocab"] != codec.tgt_vocab.itos:
-        raise UserError(f"train.init_from: {path} was trained with other vocabularies than this run's; "
-                        f"use the same run folder vocabularies (copy its vocab files into log.dir)")
+        raise UserError(
+            f"train.init_from: {path} was trained with other vocabularies than this run's; "
+            f"use the same run folder vocabularies (copy its vocab files into log.dir)"
+        )
     own = model.state_dict()
     copied = set()
     for name, tensor in ckpt["model"].items():
         if name in own:
             if own[name].shape != tensor.shape:
-                raise UserError(f"train.init_from: parameter {name} has shape {tuple(tensor.shape)} in "
-                                f"{path} but {tuple(own[name].shape)} in this model")
+                raise UserError(
+                    f"train.init_from: parameter {name} has shape {tuple(tensor.shape)} in "
+                    f"{path} but {tuple(own[name].shape)} in this model"
+                )
             own[name].copy_(tensor)
             copied.add(name)
     log.info("init_from %s: copied %d of %d tensors", path, len(copied), len(own))

@@ -3,6 +3,7 @@
 A handler must not save by itself (it may run in the middle of a step or of a checkpoint write),
 so it only records the signal; the training loop looks at the record between steps.
 """
+
 from __future__ import annotations
 
 import logging
@@ -48,9 +49,12 @@ class StopRequest:
         self._previous = {}
 
     def _handle(self, signum: int, frame) -> None:
-        if self.signum is not None:          # the second signal: stop now, without saving
+        if self.signum is not None:  # the second signal: stop now, without saving
             self._restore()
             raise Interrupted(signum)
         self.signum = signum
-        log.warning("%s received: stopping after the current step with a checkpoint (send it again to "
-                    "stop at once, without saving)", signal.Signals(signum).name)
+        log.warning(
+            "%s received: stopping after the current step with a checkpoint (send it again to "
+            "stop at once, without saving)",
+            signal.Signals(signum).name,
+        )

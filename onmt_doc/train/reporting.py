@@ -5,6 +5,7 @@ whatever a loss or model adds under its own prefix (valid/entropy/*, valid/gate/
 :mod:`onmt_doc.modules.analysis`). A resumed run purges events after the
 checkpoint's step, so the curves continue as one run.
 """
+
 from __future__ import annotations
 
 import logging
@@ -55,8 +56,10 @@ class Reporter:
         self.writer = None
         if main and tensorboard:
             from torch.utils.tensorboard import SummaryWriter
-            self.writer = SummaryWriter(os.path.join(run_dir, "tensorboard"),
-                                        purge_step=start_step + 1 if start_step else None)
+
+            self.writer = SummaryWriter(
+                os.path.join(run_dir, "tensorboard"), purge_step=start_step + 1 if start_step else None
+            )
 
     def scalars(self, prefix: str, step: int, values: dict) -> None:
         if self.writer:
@@ -76,16 +79,24 @@ class Reporter:
             parts.append(f"ppl {m['ppl']:.2f}")
         if "acc" in m:
             parts.append(f"acc {m['acc']:.1f}%")
-        parts += [f"lr {lr:.2e}", f"gnorm {grad_norm:.2f}", f"{tok_per_s:.0f} tgt tok/s",
-                  f"elapsed {_hms(elapsed)}", f"eta {_hms(eta)}"]
+        parts += [
+            f"lr {lr:.2e}",
+            f"gnorm {grad_norm:.2f}",
+            f"{tok_per_s:.0f} tgt tok/s",
+            f"elapsed {_hms(elapsed)}",
+            f"eta {_hms(eta)}",
+        ]
         log.info(" | ".join(parts))
 
     def valid(self, step: int, metrics: dict) -> None:
         if not self.main:
             return
         self.scalars("valid", step, metrics)
-        log.info("validation at step %d: %s", step,
-                 " | ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()))
+        log.info(
+            "validation at step %d: %s",
+            step,
+            " | ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()),
+        )
 
     def close(self) -> None:
         if self.writer:

@@ -11,6 +11,7 @@ and the fingerprint that says what a checkpoint's data position means.
   processes. The fingerprint stores those, so a resume with any of them changed is refused
   instead of continuing at "batch b" of another list.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -67,18 +68,23 @@ class RunLock:
         except OSError:
             holder = os.read(fd, 4096).decode("utf-8", "replace").strip()
             os.close(fd)
-            raise UserError(f"log.dir: {os.path.dirname(self.path)} is in use by another training "
-                            f"({_describe(holder)}); wait for it to end, stop it, or use another log.dir") from None
-        info = {"pid": os.getpid(), "host": socket.gethostname(),
-                "since": datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S"),
-                "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:])[:200]}
+            raise UserError(
+                f"log.dir: {os.path.dirname(self.path)} is in use by another training "
+                f"({_describe(holder)}); wait for it to end, stop it, or use another log.dir"
+            ) from None
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "since": datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S"),
+            "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:])[:200],
+        }
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
         self.fd = fd
 
     def release(self) -> None:
         if self.fd is not None:
-            os.close(self.fd)   # closing drops the flock; the file stays for the next holder
+            os.close(self.fd)  # closing drops the flock; the file stays for the next holder
             self.fd = None
 
 
@@ -127,8 +133,14 @@ def remove_partial_files(run_dir: str, cache_dir: Optional[str] = None) -> int:
 # ----------------------------------------------------------------------------- data fingerprint
 
 # keys whose change alters the examples (their effect is in the examples digest; named in errors)
-DATA_KEYS = ("data.train.src", "data.train.tgt", "data.documents", "data.max_tokens",
-             "data.max_sentences", "data.max_len")
+DATA_KEYS = (
+    "data.train.src",
+    "data.train.tgt",
+    "data.documents",
+    "data.max_tokens",
+    "data.max_sentences",
+    "data.max_len",
+)
 # keys the batch list depends on besides the examples
 ORDER_KEYS = ("train.batch_tokens", "train.seed", "processes")
 
@@ -158,16 +170,26 @@ def _get(cfg: Config, key: str):
 def data_fingerprint(examples: Sequence[Example], cfg: Config, world: int) -> dict:
     """What the data position of a checkpoint depends on (plain data, stored in train_state)."""
     values = {key: _get(cfg, key) for key in ORDER_KEYS if key != "processes"}
-    return {"examples": examples_digest(examples), "n_examples": len(examples), **values,
-            "processes": world, "keys": {key: _get(cfg, key) for key in DATA_KEYS}}
+    return {
+        "examples": examples_digest(examples),
+        "n_examples": len(examples),
+        **values,
+        "processes": world,
+        "keys": {key: _get(cfg, key) for key in DATA_KEYS},
+    }
 
 
 def fingerprint_changes(old: dict, new: dict) -> list[str]:
     """Human-readable differences that invalidate ``old``'s data position (empty: none)."""
     changes = [f"{k} {old.get(k)} -> {new[k]}" for k in ORDER_KEYS if old.get(k) != new[k]]
     if old.get("examples") != new["examples"]:
-        keys = [f"{k} {old['keys'].get(k)} -> {new['keys'][k]}" for k in DATA_KEYS
-                if old.get("keys", {}).get(k) != new["keys"][k]]
-        changes += keys or [f"the training examples ({old.get('n_examples')} -> {new['n_examples']}; "
-                            f"contents of data.train.src/tgt or their tokenization)"]
+        keys = [
+            f"{k} {old['keys'].get(k)} -> {new['keys'][k]}"
+            for k in DATA_KEYS
+            if old.get("keys", {}).get(k) != new["keys"][k]
+        ]
+        changes += keys or [
+            f"the training examples ({old.get('n_examples')} -> {new['n_examples']}; "
+            f"contents of data.train.src/tgt or their tokenization)"
+        ]
     return changes

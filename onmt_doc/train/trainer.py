@@ -5,6 +5,7 @@ BLEU), early stopping, keep-last/keep-best checkpoints and exact resume. Loss su
 the number of target tokens of the whole optimizer step (all accumulated batches on all ranks),
 so N processes give the same update as one process with N times the accumulation.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -87,8 +88,12 @@ def prepare_codec(cfg: Config, run_dir: str, ctx: DistContext) -> Codec:
     codec = load_codec(cfg, run_dir)
     if codec is None:
         if ctx.main:
-            log.info("no vocabulary in %s: learning %s (%d) and building the vocabularies", run_dir,
-                     cfg.vocab.subword, cfg.vocab.size)
+            log.info(
+                "no vocabulary in %s: learning %s (%d) and building the vocabularies",
+                run_dir,
+                cfg.vocab.subword,
+                cfg.vocab.size,
+            )
             build_codec(cfg, run_dir)
         distributed.barrier(ctx)
         codec = load_codec(cfg, run_dir)
@@ -104,7 +109,7 @@ class Trainer:
         random.seed(cfg.train.seed)
         self.codec = prepare_codec(cfg, self.run_dir, ctx)
         self.model = build_model(cfg.model, self.codec).to(ctx.device)
-        groups = initial_param_groups(self.model, cfg.train, self.codec)   # train.init_from's weights
+        groups = initial_param_groups(self.model, cfg.train, self.codec)  # train.init_from's weights
         if ctx.rank:  # same initial weights everywhere, a different dropout stream per rank
             torch.manual_seed(cfg.train.seed + ctx.rank)
         self.losses: list[Loss] = build_losses(cfg.loss, codec=self.codec)
@@ -115,20 +120,28 @@ class Trainer:
         self.amp_dtype = amp_dtype(cfg.train.amp, ctx.device)
         self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
         self.train_examples, self.valid_examples, self.valid_docs = self._load_data()
-        self.sampler = BatchSampler(self.train_examples, cfg.train.batch_tokens, cfg.train.seed,
-                                    rank=ctx.rank, world=ctx.world)
+        self.sampler = BatchSampler(
+            self.train_examples, cfg.train.batch_tokens, cfg.train.seed, rank=ctx.rank, world=ctx.world
+        )
         self.fingerprint = data_fingerprint(self.train_examples, cfg, ctx.world)
         self.step = 0
-        self.saved_step: Optional[int] = None   # step of the checkpoint last written or resumed
+        self.saved_step: Optional[int] = None  # step of the checkpoint last written or resumed
         self.early = EarlyStopping(cfg.train.early_stopping_metric, cfg.train.early_stopping)
         self.pending = StepStats()
         self._maybe_resume()
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         self.ddp = DistributedDataParallel(self.model, device_ids=device_ids) if ctx.enabled else None
-        log.info("model: %s encoder + %s decoder, unit %s, %.2fM parameters, device %s, %d process(es), "
-                 "%d threads, %s", cfg.model.encoder.type, cfg.model.decoder.type, self.model.unit,
-                 self.model.n_params() / 1e6, ctx.device, ctx.world, torch.get_num_threads(),
-                 f"{str(self.amp_dtype).replace('torch.', '')} mixed precision" if self.amp_dtype else "float32")
+        log.info(
+            "model: %s encoder + %s decoder, unit %s, %.2fM parameters, device %s, %d process(es), %d threads, %s",
+            cfg.model.encoder.type,
+            cfg.model.decoder.type,
+            self.model.unit,
+            self.model.n_params() / 1e6,
+            ctx.device,
+            ctx.world,
+            torch.get_num_threads(),
+            f"{str(self.amp_dtype).replace('torch.', '')} mixed precision" if self.amp_dtype else "float32",
+        )
 
     # ------------------------------------------------------------------ setup
     def _load_data(self) -> tuple[list[Example], list[Example], list]:
@@ -141,8 +154,9 @@ class Trainer:
         valid, valid_docs = [], []
         v = self.cfg.data.valid
         if v.src and v.tgt:
-            valid, _ = load_examples(self.cfg, self.codec, v.src, v.tgt, unit, self.run_dir, filter_long=False,
-                                     fields=valid_fields)
+            valid, _ = load_examples(
+                self.cfg, self.codec, v.src, v.tgt, unit, self.run_dir, filter_long=False, fields=valid_fields
+            )
             valid_docs = read_parallel(v.src, v.tgt, self.cfg.data.documents, self.cfg.data.max_line_chars)
         elif v.src or v.tgt:
             raise ConfigError("data.valid needs both src and tgt (or neither)")
@@ -155,27 +169,33 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler else None,
             "sampler": self.sampler.state_dict(),
-            "data": self.fingerprint,          # what the sampler position means
+            "data": self.fingerprint,  # what the sampler position means
             "early_stopping": {"best": self.early.best, "bad": self.early.bad},
-            "pending": {"values": self.pending.values, "tokens": self.pending.tokens,
-                        "seconds": self.pending.seconds},
+            "pending": {"values": self.pending.values, "tokens": self.pending.tokens, "seconds": self.pending.seconds},
             "rng": distributed.gather_objects(self._rng_state(), self.ctx),  # one entry per rank
         }
 
     @staticmethod
     def _rng_state() -> dict:
-        return {"torch": torch.get_rng_state(), "python": random.getstate(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+        return {
+            "torch": torch.get_rng_state(),
+            "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        }
 
     def _payload(self, with_train_state: bool = True) -> dict:
-        payload = {"config": config_to_dict(self.cfg), "codec": self.codec.to_dict(),
-                   "model": self.model.state_dict(), "step": self.step}
+        payload = {
+            "config": config_to_dict(self.cfg),
+            "codec": self.codec.to_dict(),
+            "model": self.model.state_dict(),
+            "step": self.step,
+        }
         if with_train_state:
             payload["train_state"] = self._train_state()
         return payload
 
     def save(self) -> None:
-        payload = self._payload()          # every rank takes part: RNG states are gathered
+        payload = self._payload()  # every rank takes part: RNG states are gathered
         if not self.ctx.main:
             return
         path = os.path.join(self.ckpt_dir, f"step_{self.step}.pt")
@@ -184,7 +204,7 @@ class Trainer:
         self.saved_step = self.step
         for old in step_checkpoints(self.ckpt_dir)[: -self.cfg.train.keep_last]:
             os.remove(old)
-        for entry in os.scandir(self.ckpt_dir):   # leftovers of saves killed in earlier processes
+        for entry in os.scandir(self.ckpt_dir):  # leftovers of saves killed in earlier processes
             if PARTIAL.search(entry.name):
                 os.remove(entry.path)
         log.info("saved %s", path)
@@ -209,9 +229,11 @@ class Trainer:
             self.model.load_state_dict(ckpt["model"])
             self.optimizer.load_state_dict(st["optimizer"])
         except (RuntimeError, ValueError, KeyError) as e:
-            raise UserError(f"{path}: cannot resume: the model or optimizer in the config changed since "
-                            f"this checkpoint ({str(e).splitlines()[0][:160]}); use a new log.dir or "
-                            f"train.resume=false with train.init_from") from None
+            raise UserError(
+                f"{path}: cannot resume: the model or optimizer in the config changed since "
+                f"this checkpoint ({str(e).splitlines()[0][:160]}); use a new log.dir or "
+                f"train.resume=false with train.init_from"
+            ) from None
         if self.scaler and st["scaler"]:
             self.scaler.load_state_dict(st["scaler"])
         self.sampler.load_state_dict(st["sampler"])
@@ -222,37 +244,52 @@ class Trainer:
         self.step = self.saved_step = int(st["step"])
         rngs = st["rng"]
         if len(rngs) != self.ctx.world:
-            log.warning("%s was saved by %d process(es), resuming with %d: dropout and shuffling "
-                        "noise will differ from an uninterrupted run", path, len(rngs), self.ctx.world)
+            log.warning(
+                "%s was saved by %d process(es), resuming with %d: dropout and shuffling "
+                "noise will differ from an uninterrupted run",
+                path,
+                len(rngs),
+                self.ctx.world,
+            )
         rng = rngs[self.ctx.rank % len(rngs)]
         torch.set_rng_state(rng["torch"])
         random.setstate(_as_tuple(rng["python"]))
         if rng["cuda"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
-        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.step,
-                 self.sampler.epoch, self.sampler.position)
+        log.info(
+            "resumed from %s at step %d (epoch %d, batch %d)",
+            path,
+            self.step,
+            self.sampler.epoch,
+            self.sampler.position,
+        )
 
     def _check_data_position(self, path: str, state: dict) -> bool:
         """Refuse (or, with train.resume_data=next_epoch, accept) a checkpoint whose data position
         indexes another batch list than this config makes; True when the position must move on to
         the start of the next epoch."""
         old = state.get("data")
-        if old is None:      # written before fingerprints existed
-            log.warning("%s has no data fingerprint: cannot check that the data and batching keys are "
-                        "unchanged", path)
+        if old is None:  # written before fingerprints existed
+            log.warning("%s has no data fingerprint: cannot check that the data and batching keys are unchanged", path)
             return False
         changes = fingerprint_changes(old, self.fingerprint)
         if not changes:
             return False
         what = "; ".join(changes)
         if self.cfg.train.resume_data == "next_epoch":
-            log.warning("%s: the training batches changed (%s): train.resume_data=next_epoch, so "
-                        "training continues with the new batch order from the next epoch", path, what)
+            log.warning(
+                "%s: the training batches changed (%s): train.resume_data=next_epoch, so "
+                "training continues with the new batch order from the next epoch",
+                path,
+                what,
+            )
             return True
-        raise UserError(f"{path}: cannot resume exactly: the training batches changed since this checkpoint "
-                        f"({what}), so its data position would point into another batch order; "
-                        f"restore the old values, or set train.resume_data=next_epoch to continue with the new "
-                        f"order from the next epoch, or start a new log.dir with train.init_from={path}")
+        raise UserError(
+            f"{path}: cannot resume exactly: the training batches changed since this checkpoint "
+            f"({what}), so its data position would point into another batch order; "
+            f"restore the old values, or set train.resume_data=next_epoch to continue with the new "
+            f"order from the next epoch, or start a new log.dir with train.init_from={path}"
+        )
 
     # ------------------------------------------------------------------ training
     def _autocast(self):
@@ -276,12 +313,12 @@ class Trainer:
         """One optimizer step over ``batches`` (this rank's share of the accumulation)."""
         self.model.train()
         n_tokens = distributed.all_reduce_sum([float(sum(b.n_tgt_tokens for b in batches))], self.ctx)[0]
-        scale = self.ctx.world / max(n_tokens, 1.0)   # DDP averages gradients over ranks
+        scale = self.ctx.world / max(n_tokens, 1.0)  # DDP averages gradients over ranks
         stats = StepStats()
         for i, batch in enumerate(batches):
             batch = batch.to(self.ctx.device)
             sync = self.ddp is None or i == len(batches) - 1
-            with (contextlib.nullcontext() if sync else self.ddp.no_sync()), self._autocast():
+            with contextlib.nullcontext() if sync else self.ddp.no_sync(), self._autocast():
                 total, s = self._losses(batch, training=True)
                 loss = total * scale
             (self.scaler.scale(loss) if self.scaler else loss).backward()
@@ -334,8 +371,11 @@ class Trainer:
                     last_metrics = self.validate(reporter)
                     stop = distributed.broadcast_flag(self.early.stop, self.ctx)
                     if stop:
-                        log.info("early stopping: no improvement of valid %s in %d validations",
-                                 self.early.metric, self.early.patience)
+                        log.info(
+                            "early stopping: no improvement of valid %s in %d validations",
+                            self.early.metric,
+                            self.early.patience,
+                        )
                 if self.step % cfg.save_every == 0 or end or stop:
                     self.save()
         finally:
@@ -347,22 +387,36 @@ class Trainer:
         if self.saved_step != self.step:
             self.save()
             if self.ctx.main:
-                log.warning("stopped at step %d: saved %s; run the same command to resume", self.step,
-                            os.path.join(self.ckpt_dir, "last.pt"))
+                log.warning(
+                    "stopped at step %d: saved %s; run the same command to resume",
+                    self.step,
+                    os.path.join(self.ckpt_dir, "last.pt"),
+                )
         elif self.ctx.main:
-            log.warning("stopped at step %d: nothing new to save since %s", self.step,
-                        "the start" if self.saved_step is None else f"step {self.saved_step}")
-        raise Interrupted(signum or signal.SIGTERM)   # another rank got the signal
+            log.warning(
+                "stopped at step %d: nothing new to save since %s",
+                self.step,
+                "the start" if self.saved_step is None else f"step {self.saved_step}",
+            )
+        raise Interrupted(signum or signal.SIGTERM)  # another rank got the signal
 
     def _say_finished(self) -> None:
         if not self.ctx.main:
             return
-        why = (f"early stopping: no improvement in {self.early.bad} validations (train.early_stopping="
-               f"{self.early.patience})" if self.early.stop and self.step < self.cfg.train.max_steps
-               else f"train.max_steps={self.cfg.train.max_steps}" if self.step >= self.cfg.train.max_steps
-               else f"train.max_epochs={self.cfg.train.max_epochs}")
-        log.warning("nothing to do: %s already finished at step %d (%s); raise that limit to train on, or use "
-                    "a new log.dir", self.run_dir, self.step, why)
+        why = (
+            f"early stopping: no improvement in {self.early.bad} validations (train.early_stopping="
+            f"{self.early.patience})"
+            if self.early.stop and self.step < self.cfg.train.max_steps
+            else f"train.max_steps={self.cfg.train.max_steps}"
+            if self.step >= self.cfg.train.max_steps
+            else f"train.max_epochs={self.cfg.train.max_epochs}"
+        )
+        log.warning(
+            "nothing to do: %s already finished at step %d (%s); raise that limit to train on, or use a new log.dir",
+            self.run_dir,
+            self.step,
+            why,
+        )
 
     def _at_end(self) -> bool:
         """True once train.max_steps steps are done or train.max_epochs epochs are consumed."""
@@ -391,7 +445,7 @@ class Trainer:
         if self.ctx.main:
             self.model.eval()
             stats = StepStats()
-            with analysis.collecting() as analysis_stats:   # attention entropy, gate means …
+            with analysis.collecting() as analysis_stats:  # attention entropy, gate means …
                 for idx in ordered_batches(self.valid_examples, self.cfg.train.batch_tokens):
                     batch = collate([self.valid_examples[i] for i in idx], idx).to(self.ctx.device)
                     with self._autocast():
@@ -420,8 +474,10 @@ class Trainer:
 def step_checkpoints(ckpt_dir: str) -> list[str]:
     """The folder's ``step_N.pt`` files, oldest first."""
     paths = glob.glob(os.path.join(ckpt_dir, "step_*.pt"))
-    return sorted((p for p in paths if re.search(r"step_\d+\.pt$", p)),
-                  key=lambda p: int(re.search(r"step_(\d+)\.pt$", p).group(1)))
+    return sorted(
+        (p for p in paths if re.search(r"step_\d+\.pt$", p)),
+        key=lambda p: int(re.search(r"step_(\d+)\.pt$", p).group(1)),
+    )
 
 
 def load_resumable(path: str, ckpt_dir: str) -> dict:
@@ -431,9 +487,11 @@ def load_resumable(path: str, ckpt_dir: str) -> dict:
     except UserError as e:
         raise UserError(f"{e}; {_intact_hint(path, ckpt_dir)}") from None
     if "train_state" not in ckpt:
-        raise UserError(f"{path}: has no training state (a best.pt or an averaged checkpoint?), so it "
-                        f"cannot be resumed; to start from its weights use a new log.dir with "
-                        f"train.init_from={path}")
+        raise UserError(
+            f"{path}: has no training state (a best.pt or an averaged checkpoint?), so it "
+            f"cannot be resumed; to start from its weights use a new log.dir with "
+            f"train.init_from={path}"
+        )
     return ckpt
 
 
@@ -441,8 +499,10 @@ def _intact_hint(path: str, ckpt_dir: str) -> str:
     for candidate in reversed(step_checkpoints(ckpt_dir)):
         try:
             if "train_state" in load_checkpoint(candidate):
-                return (f"the newest intact checkpoint beside it is {candidate}: copy it to {path} to "
-                        f"resume from there, or start afresh with train.resume=false or a new log.dir")
+                return (
+                    f"the newest intact checkpoint beside it is {candidate}: copy it to {path} to "
+                    f"resume from there, or start afresh with train.resume=false or a new log.dir"
+                )
         except UserError:
             continue
     return "no intact step_N.pt beside it: start afresh with train.resume=false or a new log.dir"
@@ -474,8 +534,9 @@ def train(cfg: Config) -> dict:
         with StopRequest() as stop_request:
             lock = lock_run_dir(cfg.log.dir, ctx)
             if ctx.main:
-                freed = remove_partial_files(cfg.log.dir, None if cfg.data.cache_dir else
-                                             os.path.join(cfg.log.dir, "cache"))
+                freed = remove_partial_files(
+                    cfg.log.dir, None if cfg.data.cache_dir else os.path.join(cfg.log.dir, "cache")
+                )
                 if freed:
                     log.info("removed leftovers of interrupted saves in %s (%.1f MB)", cfg.log.dir, freed / 1e6)
             set_threads(cfg, ctx)

@@ -6,6 +6,7 @@ favours short outputs; a length penalty divides the sum by a growing function of
 (``translate.length_penalty_type``): GNMT's ``((5 + |Y|) / 6)^α`` (Wu et al., 2016; α =
 ``translate.length_penalty``), OpenNMT-py's ``avg`` (mean log-probability per token) or none.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ class LengthPenalty(Protocol):
 @dataclass(frozen=True)
 class GNMTPenalty:
     """GNMT (Wu et al., 2016): ``((5 + |Y|) / 6)^alpha``; alpha = 0 is no penalty."""
+
     alpha: float = 1.0
 
     def __call__(self, length: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,7 @@
 One function serves ``onmt_doc_translate -score`` (through :class:`Translator`) and
 ``onmt_doc_evaluate`` (contrastive suites), so a contrastive score is exactly a ``-score`` score.
 """
+
 from __future__ import annotations
 
 from typing import Sequence

@@ -22,6 +22,7 @@ decoding state. Sentences start one row wide and widen only once they have more 
 candidate, so the first step (every beam would be the same ``<bos>`` prefix) and forced steps
 (``<s>`` after ``<bos>``) run on one row per sentence.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -39,19 +40,20 @@ from onmt_doc.translate.length_penalty import GNMTPenalty, LengthPenalty, build_
 
 @dataclass
 class Hypothesis:
-    tokens: list[int]      # generated ids, <eos> excluded
-    score: float           # log-probability / length penalty
+    tokens: list[int]  # generated ids, <eos> excluded
+    score: float  # log-probability / length penalty
     log_prob: float
 
 
 @dataclass
 class Choice:
     """A strategy's pick for one step, for ``b`` alive sentences and ``c`` candidates each."""
-    scores: torch.Tensor   # [b, c] cumulative log-probability of each candidate, best first
-    origin: torch.Tensor   # [b, c] the sentence's live row (0 … width-1) each candidate extends
-    tokens: torch.Tensor   # [b, c] the token each candidate appends
-    ends: torch.Tensor     # [b, c] bool: the candidate ends in <eos> and becomes a finished hypothesis
-    keep: torch.Tensor     # [b, w] candidates (columns) that stay live, best first: the next width is w
+
+    scores: torch.Tensor  # [b, c] cumulative log-probability of each candidate, best first
+    origin: torch.Tensor  # [b, c] the sentence's live row (0 … width-1) each candidate extends
+    tokens: torch.Tensor  # [b, c] the token each candidate appends
+    ends: torch.Tensor  # [b, c] bool: the candidate ends in <eos> and becomes a finished hypothesis
+    keep: torch.Tensor  # [b, w] candidates (columns) that stay live, best first: the next width is w
 
 
 def forced_next(last: torch.Tensor, at_cap: torch.Tensor, one_sentence: bool) -> torch.Tensor:
@@ -63,8 +65,9 @@ def forced_next(last: torch.Tensor, at_cap: torch.Tensor, one_sentence: bool) ->
     return torch.where(at_cap, EOS_ID, force)
 
 
-def allowed_log_probs(log_probs: torch.Tensor, last: torch.Tensor, words: torch.Tensor,
-                      at_cap: torch.Tensor, one_sentence: bool) -> torch.Tensor:
+def allowed_log_probs(
+    log_probs: torch.Tensor, last: torch.Tensor, words: torch.Tensor, at_cap: torch.Tensor, one_sentence: bool
+) -> torch.Tensor:
     """[rows, V] log-probabilities with what the rules forbid at -inf: forced tokens
     (:func:`forced_next`) keep their score, every other token of their row is forbidden."""
     force = forced_next(last, at_cap, one_sentence)
@@ -75,8 +78,14 @@ def allowed_log_probs(log_probs: torch.Tensor, last: torch.Tensor, words: torch.
 class Search(ABC):
     """The decoding loop; subclasses choose each step's continuations (:meth:`select`)."""
 
-    def __init__(self, n_best: int = 1, penalty: LengthPenalty = GNMTPenalty(1.0), max_len_ratio: float = 1.5,
-                 max_len_add: int = 10, max_length: int = 250):
+    def __init__(
+        self,
+        n_best: int = 1,
+        penalty: LengthPenalty = GNMTPenalty(1.0),
+        max_len_ratio: float = 1.5,
+        max_len_add: int = 10,
+        max_length: int = 250,
+    ):
         self.n_best, self.penalty = n_best, penalty
         self.limit = LengthLimit(max_len_ratio, max_len_add, max_length)
 
@@ -90,21 +99,26 @@ class Search(ABC):
     def search(self, model: EncoderDecoder, batch: Batch) -> list[list[Hypothesis]]:
         """The ``n_best`` hypotheses of every batch row, best first."""
         device, n = batch.src.device, batch.size
-        state = model.init_state(model.encode(batch), batch, self.limit)    # one row per sentence: width 1
+        state = model.init_state(model.encode(batch), batch, self.limit)  # one row per sentence: width 1
         max_len = model.decoder.max_output_lengths(batch, self.limit).to(device)
         one_sentence = model.unit != "document"
-        alive = torch.arange(n, device=device)                     # original row of each alive sentence
-        width = 1                                                  # rows per alive sentence
+        alive = torch.arange(n, device=device)  # original row of each alive sentence
+        width = 1  # rows per alive sentence
         scores = torch.zeros(n, 1, device=device)
         seqs = torch.full((n, 1), BOS_ID, dtype=torch.long, device=device)
-        words = torch.zeros(n, dtype=torch.long, device=device)   # words in each row's current sentence
+        words = torch.zeros(n, dtype=torch.long, device=device)  # words in each row's current sentence
         finished: list[list[Hypothesis]] = [[] for _ in range(n)]
         t = 0
         while alive.numel():
             b = alive.numel()
             log_probs, state = model.step(seqs[:, -1], state)
-            log_probs = allowed_log_probs(model.decoder.constrain(log_probs, state), seqs[:, -1], words,
-                                          (max_len <= t).repeat_interleave(width), one_sentence)
+            log_probs = allowed_log_probs(
+                model.decoder.constrain(log_probs, state),
+                seqs[:, -1],
+                words,
+                (max_len <= t).repeat_interleave(width),
+                one_sentence,
+            )
             choice = self.select(scores, log_probs.view(b, width, -1))
             self._collect(finished, alive, choice, seqs, width, t)
             new_scores = choice.scores.gather(1, choice.keep)
@@ -128,8 +142,15 @@ class Search(ABC):
             scores, width = new_scores, new_width
         return [sorted(h, key=lambda x: -x.score)[: self.n_best] for h in finished]
 
-    def _collect(self, finished: list[list[Hypothesis]], alive: torch.Tensor, choice: Choice, seqs: torch.Tensor,
-                 width: int, t: int) -> None:
+    def _collect(
+        self,
+        finished: list[list[Hypothesis]],
+        alive: torch.Tensor,
+        choice: Choice,
+        seqs: torch.Tensor,
+        width: int,
+        t: int,
+    ) -> None:
         """Record the candidates that end in <eos> as finished hypotheses (length counts <eos>)."""
         if not choice.ends.any():
             return
@@ -145,8 +166,15 @@ class BeamSearch(Search):
     """Each sentence looks at its ``2·beam`` best candidates: those ending in ``<eos>`` among the
     top ``beam`` finish, the ``beam`` best others stay live."""
 
-    def __init__(self, beam: int = 5, n_best: int = 1, penalty: LengthPenalty = GNMTPenalty(1.0),
-                 max_len_ratio: float = 1.5, max_len_add: int = 10, max_length: int = 250):
+    def __init__(
+        self,
+        beam: int = 5,
+        n_best: int = 1,
+        penalty: LengthPenalty = GNMTPenalty(1.0),
+        max_len_ratio: float = 1.5,
+        max_len_add: int = 10,
+        max_length: int = 250,
+    ):
         if n_best > beam:
             raise ValueError(f"n_best ({n_best}) cannot exceed the beam size ({beam})")
         super().__init__(n_best, penalty, max_len_ratio, max_len_add, max_length)
@@ -162,7 +190,7 @@ class BeamSearch(Search):
         # keep the k best candidates that do not end in <eos>
         rank = torch.arange(top_ids.size(1), device=cand.device).expand_as(top_ids)
         keep = (rank + is_eos.long() * top_ids.size(1)).topk(min(k, top_ids.size(1)), dim=1, largest=False).indices
-        if not top_scores.gather(1, keep[:, 1:]).isfinite().any():    # one live candidate per sentence
+        if not top_scores.gather(1, keep[:, 1:]).isfinite().any():  # one live candidate per sentence
             keep = keep[:, :1]
         ends = is_eos & rank.lt(k)
         return Choice(top_scores, origin, tokens, ends, keep)
@@ -171,8 +199,13 @@ class BeamSearch(Search):
 class GreedySearch(Search):
     """The best continuation of each sentence; the same output as beam 1, with less work."""
 
-    def __init__(self, penalty: LengthPenalty = GNMTPenalty(1.0), max_len_ratio: float = 1.5,
-                 max_len_add: int = 10, max_length: int = 250):
+    def __init__(
+        self,
+        penalty: LengthPenalty = GNMTPenalty(1.0),
+        max_len_ratio: float = 1.5,
+        max_len_add: int = 10,
+        max_length: int = 250,
+    ):
         super().__init__(1, penalty, max_len_ratio, max_len_add, max_length)
 
     def select(self, scores: torch.Tensor, log_probs: torch.Tensor) -> Choice:

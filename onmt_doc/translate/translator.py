@@ -13,6 +13,7 @@ subwords is split at a word boundary, its pieces translated on their own and joi
 each sentence's output is capped at ``translate.max_length`` tokens; document models translate
 long documents in windows (``data.max_tokens``; HM-GDC: ``translate.window_sentences``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -35,24 +36,27 @@ from onmt_doc.translate.search import build_search
 log = logging.getLogger("onmt_doc")
 
 _SKIP = {BOS_ID, EOS_ID, PAD_ID}
-_JOINER = "\uffed"          # pyonmttok's joiner: the token attaches to its neighbour
-_SPACER = "\u2581"          # SentencePiece's word-start mark
+_JOINER = "\uffed"  # pyonmttok's joiner: the token attaches to its neighbour
+_SPACER = "\u2581"  # SentencePiece's word-start mark
 # characters that would break the one-line-per-input-line output (tab separates n-best fields)
 _NOT_IN_LINE = str.maketrans({c: " " for c in "\t\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
-EMPTY_FILL = "<unk>"        # written (and counted) if a translation decodes to no text
+EMPTY_FILL = "<unk>"  # written (and counted) if a translation decodes to no text
 
 
 @dataclass
 class TranslationStats:
     """What the translator had to repair, for the log and the command's final line."""
-    lines_split: int = 0       # source lines longer than max_input_tokens, translated in pieces
-    docs_repaired: int = 0     # document instances whose output had the wrong number of sentences
-    empty_filled: int = 0      # translations that decoded to no text, written as EMPTY_FILL
+
+    lines_split: int = 0  # source lines longer than max_input_tokens, translated in pieces
+    docs_repaired: int = 0  # document instances whose output had the wrong number of sentences
+    empty_filled: int = 0  # translations that decoded to no text, written as EMPTY_FILL
 
     def summary(self) -> str:
-        return (f"{self.lines_split} long lines split, {self.docs_repaired} document outputs padded or "
-                f"merged to the source's sentence count, {self.empty_filled} empty translations "
-                f"written as {EMPTY_FILL}")
+        return (
+            f"{self.lines_split} long lines split, {self.docs_repaired} document outputs padded or "
+            f"merged to the source's sentence count, {self.empty_filled} empty translations "
+            f"written as {EMPTY_FILL}"
+        )
 
 
 def markup_sentences(ids: Sequence[int]) -> list[list[int]]:
@@ -85,7 +89,7 @@ def split_sentences(ids: Sequence[int], n: int) -> list[list[int]]:
     if n == 1:
         return [[t for s in sents for t in s]]
     if len(sents) > n:
-        sents = sents[: n - 1] + [[t for s in sents[n - 1:] for t in s]]
+        sents = sents[: n - 1] + [[t for s in sents[n - 1 :] for t in s]]
     return sents + [[] for _ in range(n - len(sents))]
 
 
@@ -109,8 +113,14 @@ def _starts_word(tokens: Sequence[str], i: int, sentencepiece: bool) -> bool:
 
 
 class Translator:
-    def __init__(self, model: EncoderDecoder, codec: Codec, cfg: Config, options: Optional[TranslateConfig] = None,
-                 device: Optional[torch.device] = None):
+    def __init__(
+        self,
+        model: EncoderDecoder,
+        codec: Codec,
+        cfg: Config,
+        options: Optional[TranslateConfig] = None,
+        device: Optional[torch.device] = None,
+    ):
         self.model, self.codec, self.cfg = model, codec, cfg
         self.opt = options or cfg.translate
         self.device = device or next(model.parameters()).device
@@ -147,13 +157,18 @@ class Translator:
 
     def _instances(self, tok_docs: list[list[tuple]]) -> list[Example]:
         data = self.cfg.data
-        examples, _ = build_instances(self.model.unit, tok_docs, data.max_tokens,
-                                      max_sentences=self.opt.window_sentences or data.max_sentences,
-                                      window_tokens=data.max_tokens)
+        examples, _ = build_instances(
+            self.model.unit,
+            tok_docs,
+            data.max_tokens,
+            max_sentences=self.opt.window_sentences or data.max_sentences,
+            window_tokens=data.max_tokens,
+        )
         return examples
 
-    def _process(self, items: Iterable[Optional[list]], run: Callable[[list, list[Example]], Iterator],
-                 with_target: bool) -> Iterator[Optional[list]]:
+    def _process(
+        self, items: Iterable[Optional[list]], run: Callable[[list, list[Example]], Iterator], with_target: bool
+    ) -> Iterator[Optional[list]]:
         """Buffer documents, run ``run`` over their instances, yield each item's outputs in order."""
         buffer: list[Optional[list]] = []
         size = 0
@@ -180,8 +195,7 @@ class Translator:
         for done_docs in run(outputs, examples):
             for d, n in done_docs:
                 remaining[d] -= n
-            while next_item < len(items) and (doc_of_item[next_item] is None
-                                               or remaining[doc_of_item[next_item]] == 0):
+            while next_item < len(items) and (doc_of_item[next_item] is None or remaining[doc_of_item[next_item]] == 0):
                 d = doc_of_item[next_item]
                 yield None if d is None else self._join(outputs[d], pieces[d])
                 next_item += 1
@@ -194,7 +208,7 @@ class Translator:
         """One line per input sentence: its pieces' fields joined with a space, fields with a tab."""
         lines, i = [], 0
         for c in counts:
-            parts = outputs[i:i + c]
+            parts = outputs[i : i + c]
             lines.append("\t".join(" ".join(p[j] for p in parts) for j in range(len(parts[0]))))
             i += c
         return lines
@@ -238,7 +252,7 @@ class Translator:
         for idx, batch in self._batches(examples, by_source_only=True):
             done = []
             for (ex, first, n), hyps in zip(self._rows(idx, batch, examples), self.search.search(self.model, batch)):
-                outputs[ex.doc][first:first + n] = self._hypothesis_lines(hyps, n)
+                outputs[ex.doc][first : first + n] = self._hypothesis_lines(hyps, n)
                 done.append((ex.doc, n))
             yield done
 
@@ -253,8 +267,9 @@ class Translator:
 
     # ------------------------------------------------------------------ forced decoding
     @torch.no_grad()
-    def _run_scoring(self, outputs: list[list], examples: list[Example],
-                     fmt: Callable[[float], str] = "{:.4f}".format) -> Iterator[list[tuple[int, int]]]:
+    def _run_scoring(
+        self, outputs: list[list], examples: list[Example], fmt: Callable[[float], str] = "{:.4f}".format
+    ) -> Iterator[list[tuple[int, int]]]:
         for idx, batch in self._batches(examples, by_source_only=False):
             rows = list(self._rows(idx, batch, examples))
             sums = sentence_log_probs(self.model, batch, [n for _, _, n in rows])
@@ -271,12 +286,19 @@ class Translator:
         which reads back to the same float) for callers that compare scores, else 4 decimals."""
         self.model.eval()
         fmt = repr if exact else "{:.4f}".format
-        return self._process(items, lambda outputs, examples: self._run_scoring(outputs, examples, fmt),
-                             with_target=True)
+        return self._process(
+            items, lambda outputs, examples: self._run_scoring(outputs, examples, fmt), with_target=True
+        )
 
     # ------------------------------------------------------------------ files
-    def run_files(self, src: str, output: IO[str], tgt: Optional[str] = None, score: bool = False,
-                  on_document: Optional[Callable[[int], None]] = None) -> Optional[tuple[list, list]]:
+    def run_files(
+        self,
+        src: str,
+        output: IO[str],
+        tgt: Optional[str] = None,
+        score: bool = False,
+        on_document: Optional[Callable[[int], None]] = None,
+    ) -> Optional[tuple[list, list]]:
         """Translate (or score) ``src`` into ``output``; with ``tgt`` (translating) return the best
         hypotheses and the references, per document, for the caller's metrics (``evaluation.bleu.report``)."""
         documents = self.cfg.data.documents
@@ -301,7 +323,7 @@ class Translator:
             output.write("".join(line + "\n" for line in out))
             output.flush()
             if tgt and not score:
-                hyp_docs.append([line.split("\t")[0] for line in out])   # metrics of the best hypothesis
+                hyp_docs.append([line.split("\t")[0] for line in out])  # metrics of the best hypothesis
             if on_document:
                 on_document(n)
         if self.stats != TranslationStats():
