@@ -9,7 +9,8 @@ Every system trains config_examples/quickstart.yaml's model size (d_model 128, 2
 ff 256) on the toy corpus (tools/make_toy_corpus.py, seed 1), translates its test set (beam 4) and
 reports BLEU, d-BLEU and the accuracy on the pronouns whose form depends on the previous sentence
 (a sentence-level model can only guess: about 1/3). Later document-level models add an entry to
-SYSTEMS.
+SYSTEMS; DECODINGS translate a trained system's model again with other translation flags (k-to-k
+with its own previous translations forced as the target prefix): list the trained system first.
 """
 
 from __future__ import annotations
@@ -39,14 +40,23 @@ SYSTEMS = {
     "hm_gdc": [f"model.encoder={HM_PART}", f"model.decoder={HM_DEC}"],
     "hm_gdc_document": [f"model.encoder={HM_PART}", "model.encoder.context=document", f"model.decoder={HM_DEC}"],
     "hm_gdc_own_decoder": [f"model.encoder={HM_PART}", f"model.decoder={HM_DEC}", "model.decoder.context=own_sentence"],
+    # concatenation baselines (docs/models/concatenation.md): the Transformer on k-to-1 / k-to-k units
+    **{
+        f"{unit}_k{k}": [f"model.unit={unit}", f"data.context_sentences={k}"]
+        for unit in ("k_to_1", "k_to_k")
+        for k in (1, 3)
+    },
 }
+# systems that translate another system's model with other translation flags (no training of
+# their own; the trained system runs first, in the same --out)
+DECODINGS = {f"k_to_k_k{k}_prefix": (f"k_to_k_k{k}", ["-force_context_prefix"]) for k in (1, 3)}
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/bench_toy")
     p.add_argument("--steps", type=int, default=600)
-    p.add_argument("--systems", nargs="+", default=list(SYSTEMS))
+    p.add_argument("--systems", nargs="+", default=list(SYSTEMS) + list(DECODINGS))
     p.add_argument("--threads", type=int, default=2)
     p.add_argument(
         "--set",
@@ -65,7 +75,8 @@ def main() -> int:
     config = os.path.join(REPO, "config_examples", "quickstart.yaml")
     rows = {}
     for name in args.systems:
-        run_dir = os.path.join(out, name)
+        trained, flags = DECODINGS.get(name, (name, []))
+        run_dir = os.path.join(out, trained)
         overrides = [
             f"data.{split}.{side}={data}/{split}.{side}" for split in ("train", "valid") for side in ("src", "tgt")
         ]
@@ -76,20 +87,22 @@ def main() -> int:
             f"train.save_every={args.steps}",
             "log.tensorboard=false",
             f"train.threads={args.threads}",
-            *SYSTEMS[name],
-            *args.set,
         ]
         env = thread_env(args.threads)
         t0 = time.time()
-        subprocess.run(
-            [sys.executable, "-m", "onmt_doc.bin.train", "-config", config, *overrides],
-            check=True,
-            stdout=subprocess.DEVNULL,
-            stderr=open(os.path.join(out, f"{name}.train.log"), "w"),
-            env=env,
-        )
-        train_s = time.time() - t0
-        hyp = os.path.join(run_dir, "test.hyp")
+        if name in DECODINGS:
+            if trained not in rows:
+                p.error(f"{name} translates {trained}'s model: list {trained} before it in --systems")
+        else:
+            subprocess.run(
+                [sys.executable, "-m", "onmt_doc.bin.train", "-config", config, *overrides, *SYSTEMS[name], *args.set],
+                check=True,
+                stdout=subprocess.DEVNULL,
+                stderr=open(os.path.join(out, f"{name}.train.log"), "w"),
+                env=env,
+            )
+        train_s = rows[trained]["train_s"] if name in DECODINGS else time.time() - t0
+        hyp = os.path.join(run_dir, f"test.{name}.hyp" if name in DECODINGS else "test.hyp")
         res = subprocess.run(
             [
                 sys.executable,
@@ -103,6 +116,7 @@ def main() -> int:
                 f"{data}/test.tgt",
                 "-output",
                 hyp,
+                *flags,
             ],
             check=True,
             capture_output=True,

@@ -69,7 +69,7 @@ from common import (
 
 SECTION = "## Sentence Transformer vs OpenNMT-py 3.5.1 / CTranslate2 (multi30k)"
 OURS_SEED = 1  # onmt_doc train.seed (OpenNMT-py gets --seed)
-TARGETS = {"train": 1.25, "translate": 1.5, "bleu": -0.5}
+TARGETS = {"train": 1.25, "translate": 1.5}  # speed only: the quality of the two runs is not comparable (notes)
 MONITOR = CpuMonitor()  # one per process: every phase asks it how busy the rest of the machine was
 
 
@@ -505,7 +505,7 @@ def onmt_doc_config(b: Bench) -> dict:
             "type": "adam",
             "lr": args.lr,
             "betas": [0.9, 0.998],
-            "eps": 1.0e-8,
+            "eps": 1.0e-9,  # OpenNMT-py 3.5.1 hard-codes Adam eps=1e-9 (onmt/utils/optimizers.py)
             "schedule": {"type": "noam", "warmup": args.warmup},
         },
         "train": {
@@ -906,8 +906,8 @@ def table(b: Bench, ours: dict, theirs: dict, ct2: dict) -> str:
         f"| translation time, s ({n_test} sentences) | {ours['translate_s']:.1f} | {theirs['translate_s']:.2f} | | | | "
         f"{c('fp32', 'translate_s', '.2f')} | {c('int8', 'translate_s', '.2f')} |",
         f"| output subwords (test2016) | {ours['hyp_subwords']} | {theirs['hyp_subwords']} | | | | | |",
-        f"| **BLEU** (detokenized, sacrebleu 13a vs raw test2016.de) | {ours['bleu']:.2f} | {theirs['bleu']:.2f} | "
-        f"**{d_bleu:+.2f}** | ≥ {TARGETS['bleu']} | {ok(d_bleu >= TARGETS['bleu'])} | {c('fp32', 'bleu', '.2f')} | "
+        f"| BLEU (detokenized, sacrebleu 13a vs raw test2016.de; not a quality comparison, see notes) | "
+        f"{ours['bleu']:.2f} | {theirs['bleu']:.2f} | {d_bleu:+.2f} | | | {c('fp32', 'bleu', '.2f')} | "
         f"{c('int8', 'bleu', '.2f')} |",
         f"| chrF (detokenized) | {ours['chrf']:.2f} | {theirs['chrf']:.2f} | {ours['chrf'] - theirs['chrf']:+.2f} "
         f"| | | {c('fp32', 'chrf', '.2f')} | {c('int8', 'chrf', '.2f')} |",
@@ -916,7 +916,8 @@ def table(b: Bench, ours: dict, theirs: dict, ct2: dict) -> str:
         f"| training: real target subwords / s in the first / second half of the used intervals | "
         f"{ours['real_tok_s_first_half']:.0f} / {ours['real_tok_s_second_half']:.0f} | "
         f"{theirs['real_tok_s_first_half']:.0f} / {theirs['real_tok_s_second_half']:.0f} | | | | | |",
-        f"| valid perplexity (onmt_doc's includes its <s> </s> <eos> markup) | {ours['valid_ppl']} | "
+        f"| valid perplexity (not comparable: onmt_doc exp(NLL) incl. its <s> </s> <eos> markup; OpenNMT-py "
+        f"exp of its label-smoothed loss) | {ours['valid_ppl']} | "
         f"{theirs['valid_ppl']} | | | | | |",
     ]
     return "\n".join(rows)
@@ -930,7 +931,7 @@ def notes(b: Bench, cal: dict, vocab_entries: int, ours: dict, theirs: dict, ct2
         f"(`vocab.size {args.vocab_size}`, {vocab_entries} entries) learned by onmt_doc and applied to the "
         "OpenNMT-py files with pyonmttok, so both toolkits see identical subwords.",
         f"Same shape and schedule: d_model 256, 3+3 layers, 4 heads, ff 1024, dropout/attention dropout 0.1, "
-        f"tied embeddings, Adam (0.9, 0.998, eps 1e-8), noam lr {args.lr} warmup {args.warmup}, label smoothing 0.1, "
+        f"tied embeddings, Adam (0.9, 0.998, eps 1e-9), noam lr {args.lr} warmup {args.warmup}, label smoothing 0.1, "
         f"no clipping, {args.steps} steps.",
         f"Batches: OpenNMT-py `batch_size {args.onmt_batch_tokens}` tokens counts B·max(src, tgt+2); onmt_doc's "
         f"`train.batch_tokens` counts B·max(src+2, tgt+3) (sentence markup), so onmt_doc uses "
@@ -960,6 +961,13 @@ def notes(b: Bench, cal: dict, vocab_entries: int, ours: dict, theirs: dict, ct2
         ),
         "Parameters: OpenNMT-py 3.5 Transformers have no biases in the attention and FFN projections by default "
         "(`add_qkvbias`/`add_ffnbias` off); onmt_doc has them.",
+        "Quality is not compared. OpenNMT-py 3.5.1 initialises with `param_init_glorot` (xavier_uniform on every "
+        "weight matrix, the shared embedding/output matrix included: std √(2/(V+d)) ≈ 0.016, 0.25 after the √d "
+        "scaling) where onmt_doc draws embeddings from N(0, d^-0.5) (1.0 after scaling); no OpenNMT-py option "
+        "gives the same start (`param_init` > 0 is uniform on every parameter, layer norms included), and at "
+        f"{args.steps} steps its model is under-trained. Its validation perplexity is exp of the label-smoothed "
+        "loss (its validation criterion keeps `label_smoothing`), onmt_doc's exp of the plain NLL over n+3 tokens "
+        "per sentence: the two perplexities measure different things.",
     ]
 
 

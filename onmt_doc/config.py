@@ -37,14 +37,18 @@ def option(
     factory: Optional[Callable[[], Any]] = None,
     minimum: Optional[float] = None,
     shown: Optional[str] = None,
+    load: Optional[Callable[["_Loader", Any, str], Any]] = None,
 ) -> Any:
     """A config key with its help text (the meaning column of docs/config.md).
 
     ``factory`` builds mutable or nested defaults; a list or dict ``default`` is copied per
     instance. ``minimum``: the loader refuses smaller values (a zero that would divide by zero or
     silently do nothing). ``shown``: the default as the docs print it, when the value misleads
-    (a required key whose default is null)."""
+    (a required key whose default is null). ``load(loader, value, path)``: reads a key whose YAML
+    may take several shapes (``data.train``: one corpus or several)."""
     metadata: dict[str, Any] = {"help": help}
+    if load is not None:
+        metadata["load"] = load
     if minimum is not None:
         metadata["minimum"] = minimum
     if shown is not None:
@@ -87,6 +91,7 @@ def part(kind: str, default_type: Optional[str] = None, help: str = "") -> Any:
 
 
 def default_part(kind: str, name: str) -> PartConfig:
+    """The config of registered part ``name`` of ``kind`` with all its defaults."""
     return registry_for(kind).get(name).config(type=name)
 
 
@@ -108,16 +113,76 @@ def check_top_layers(cfg: Any, key: str, path: str) -> None:
 
 @dataclass
 class CorpusConfig:
+    """One parallel corpus: its files and how it is sampled among several (``data.train``)."""
+
     src: Optional[str] = option(None, "source file")
     tgt: Optional[str] = option(None, "target file, line-aligned with `src`")
+    documents: Optional[bool] = option(
+        None,
+        "this corpus' own `data.documents` (`null` = `data.documents`); `false` makes every line a "
+        "one-sentence document, so sentence-level data can train a document model",
+    )
+    weight: int = option(
+        1,
+        "several training corpora: examples drawn from this corpus per round (OpenNMT-py's `weight`); see "
+        "[data.md](data.md#several-corpora). No effect with one corpus or on validation sets",
+        minimum=1,
+    )
+    name: Optional[str] = option(
+        None,
+        "the corpus' tag in logs, TensorBoard (`valid/<name>/*`) and `train.best_on`; in the mapping form the "
+        "key is the name; `null` in a list = `corpus_<i>` (1-based); one corpus: `train` / `valid`",
+    )
+
+
+def load_corpora(loader: "_Loader", data: Any, path: str) -> Union[CorpusConfig, dict[str, CorpusConfig]]:
+    """``data.train`` / ``data.valid``: one corpus ``{src, tgt}`` (as always), or several: a mapping
+    ``{name: {src, tgt, weight, documents}}`` (OpenNMT-py's ``data:`` shape) or a list of corpora
+    with optional ``name``. Several corpora load as a name -> CorpusConfig dict, in file order."""
+    if isinstance(data, list):
+        items = [(_join(path, i), item, f"corpus_{i + 1}") for i, item in enumerate(data)]
+    elif isinstance(data, dict) and any(isinstance(v, dict) for v in data.values()):
+        items = [(_join(path, key), item, str(key)) for key, item in data.items()]
+        for where, item, _ in items:
+            if not isinstance(item, dict):
+                loader.fail(
+                    where,
+                    f"expected a corpus mapping {{src, tgt, ...}}, got {item!r} (the keys of one corpus "
+                    f"cannot be mixed with named corpora)",
+                )
+    else:
+        return loader.dataclass(CorpusConfig, data, path)
+    if not items:
+        loader.fail(path, "expected at least one corpus")
+    corpora: dict[str, CorpusConfig] = {}
+    for where, item, default_name in items:
+        corpus = loader.dataclass(CorpusConfig, item, where)
+        if isinstance(data, dict) and corpus.name not in (None, default_name):
+            loader.fail(_join(where, "name"), f"'{corpus.name}' differs from the corpus' key '{default_name}'")
+        name = corpus.name or default_name
+        if name in corpora:
+            loader.fail(_join(where, "name"), f"duplicate corpus name '{name}'")
+        corpus.name = name
+        corpora[name] = corpus
+    return corpora
 
 
 @dataclass
 class DataConfig:
-    train: CorpusConfig = option(help="training files; both required by training", factory=CorpusConfig)
-    valid: CorpusConfig = option(
-        help="validation files; both or neither. Without them: no validation, no `best.pt`, no early stopping",
+    """``data:`` files and how they become instances."""
+
+    train: CorpusConfig = option(
+        help="training files; both required by training. Several corpora: a mapping of named corpora, or a "
+        "list, each with its own `src`, `tgt`, `documents`, `weight` (see [data.md](data.md#several-corpora))",
         factory=CorpusConfig,
+        load=load_corpora,
+    )
+    valid: CorpusConfig = option(
+        help="validation files; both or neither. Without them: no validation, no `best.pt`, no early stopping. "
+        "Several sets: the same shapes as `train`, each reported on its own (`train.best_on` picks the one "
+        "for `best.pt` and early stopping)",
+        factory=CorpusConfig,
+        load=load_corpora,
     )
     documents: bool = option(
         True,
@@ -136,6 +201,12 @@ class DataConfig:
         "sharing its context (0 = whole documents)",
         minimum=0,
     )
+    context_sentences: int = option(
+        1,
+        "concatenation units (`model.unit: k_to_1` / `k_to_k`): k, the previous sentences of the same document "
+        "given as context (fewer at a document's start); see [models/concatenation.md](models/concatenation.md)",
+        minimum=1,
+    )
     max_len: int = option(
         0, "drop training sentence pairs with a side longer than this many subwords; the count is logged (0 = keep all)"
     )
@@ -146,9 +217,37 @@ class DataConfig:
     )
     cache_dir: Optional[str] = option(None, "binarized data cache; `null` = `<log.dir>/cache`")
 
+    def corpora(self, split: Literal["train", "valid"]) -> list[CorpusConfig]:
+        """The corpora of ``data.train`` or ``data.valid`` with their name and ``documents`` resolved
+        (copies); a single ``valid`` without files is no set at all."""
+        value = getattr(self, split)
+        if isinstance(value, CorpusConfig):
+            if split == "valid" and not value.src and not value.tgt:
+                return []
+            value = {value.name or split: value}
+        return [
+            dataclasses.replace(c, name=name, documents=self.documents if c.documents is None else c.documents)
+            for name, c in value.items()
+        ]
+
+    def validate(self, path: str, root: "Config") -> None:
+        """Each corpus of several holds its own keys' minimums (the loader checks one corpus itself);
+        a validation set with one file of two is a mistake, not "no validation"."""
+        for split in ("train", "valid"):
+            value = getattr(self, split)
+            if isinstance(value, dict):
+                for name, corpus in value.items():
+                    _validate(corpus, f"{path}.{split}.{name}", root)
+                    if split == "valid" and not (corpus.src and corpus.tgt):
+                        raise ConfigError(f"{path}.valid.{name}: needs both src and tgt")
+        if isinstance(self.valid, CorpusConfig) and bool(self.valid.src) != bool(self.valid.tgt):
+            raise ConfigError(f"{path}.valid: needs both src and tgt (or neither)")
+
 
 @dataclass
 class VocabConfig:
+    """``vocab:`` the subword model and vocabularies ``onmt_doc_build_vocab`` learns."""
+
     subword: Literal["bpe", "sentencepiece", "none"] = option("bpe", "subword model")
     size: int = option(8000, "BPE merges, or SentencePiece pieces", minimum=1)
     shared: bool = option(True, "one subword model and one vocabulary for both sides")
@@ -168,6 +267,8 @@ class VocabConfig:
 
 @dataclass
 class ModelConfig:
+    """``model:`` sizes shared by all parts, and the encoder, decoder and loss sections."""
+
     d_model: int = option(512, "model width, shared by embeddings, encoder and decoder", minimum=1)
     share_embeddings: bool = option(
         True,
@@ -191,13 +292,25 @@ class ModelConfig:
         "must be in [0, 1)",
     )
     word_dropout_token: Literal["unk", "mask"] = option("unk", "the replacement token of word dropout")
+    unit: Optional[str] = option(
+        None,
+        "the translation unit: `null` = the one the encoder and decoder declare (`sentence`, `document`, "
+        "`context`); `k_to_1` / `k_to_k` = the concatenation baselines for sentence-level parts (k = "
+        "`data.context_sentences`; see [models/concatenation.md](models/concatenation.md))",
+    )
     encoder: PartConfig = part("encoder", "transformer", "the encoder; see [Encoders](#encoders)")
     decoder: PartConfig = part("decoder", "transformer", "the decoder; see [Decoders](#decoders)")
 
     def validate(self, path: str, root: "Config") -> None:
-        """Word dropout is a probability of replacing a word; 1 would replace them all."""
+        """Word dropout is a probability of replacing a word; 1 would replace them all. A chosen
+        ``unit`` must be registered and fit the parts (``check_unit``)."""
         if not 0.0 <= self.word_dropout < 1.0:
             raise ConfigError(f"{path}.word_dropout: must be in [0, 1), got {self.word_dropout}")
+        if self.unit is not None:
+            from onmt_doc.data.instances import check_unit  # lazy: the data layer imports no config
+
+            sections = (("encoder", self.encoder), ("decoder", self.decoder))
+            check_unit(self.unit, {registry_for(k).get(c.type).cls.unit for k, c in sections}, f"{path}.unit")
 
 
 @dataclass
@@ -217,6 +330,8 @@ class OptimConfig(PartConfig):
 
 @dataclass
 class TrainConfig:
+    """``train:`` batching, optimisation, validation and checkpoints."""
+
     batch_tokens: int = option(
         4096,
         "padded tokens per batch: B × max(source length, target length + 1), "
@@ -253,6 +368,11 @@ class TrainConfig:
         "loss",
         "validation metric for early stopping and `best.pt` (lower loss / higher BLEU is better); `bleu` "
         "needs `valid_bleu: true`",
+    )
+    best_on: Optional[str] = option(
+        None,
+        "with several validation sets: the name of the one whose metric chooses `best.pt` and drives early "
+        "stopping (`null` = the first); every set is still reported",
     )
     max_grad_norm: float = option(1.0, "clip the gradient norm to this (0 = no clipping; the norm is still logged)")
     amp: Literal["auto", "bf16", "fp16", "fp32"] = option(
@@ -302,10 +422,18 @@ class TrainConfig:
         """Early stopping on BLEU needs the BLEU that only valid_bleu computes."""
         if self.early_stopping_metric == "bleu" and not self.valid_bleu:
             raise ConfigError(f"{path}.early_stopping_metric: bleu needs {path}.valid_bleu: true")
+        names = [c.name for c in root.data.corpora("valid")]
+        if self.best_on is not None and self.best_on not in names:
+            raise ConfigError(
+                f"{path}.best_on: no validation set '{self.best_on}'{closest(self.best_on, names)} "
+                f"(data.valid has: {', '.join(names) or 'none'})"
+            )
 
 
 @dataclass
 class TranslateConfig:
+    """``translate:`` search and batching for ``onmt_doc_translate``, validation BLEU and the API."""
+
     beam: int = option(5, "beam size (1 = greedy); flag `-beam`", minimum=1)
     n_best: int = option(
         1,
@@ -345,6 +473,12 @@ class TranslateConfig:
         "not split; flag `-max_input_tokens`",
         minimum=1,
     )
+    force_context_prefix: bool = option(
+        False,
+        "`k_to_k` unit: translate a document sentence by sentence, forcing the model's own translations of the "
+        "k previous sentences as the target prefix and generating only the last sentence; `false` = decode all "
+        "k+1 sentences and keep the last; flag `-force_context_prefix`",
+    )
     window_sentences: int = option(
         0,
         "`context` unit (HM-GDC): sentences per translation window; 0 = "
@@ -371,15 +505,52 @@ class TranslateConfig:
         "compute type of the weights while translating (`onmt_doc_translate -dtype`); bfloat16 is much "
         "faster on GPUs and on CPUs with AMX, at a small cost in exactness; beam scores stay float32",
     )
+    ensemble_average: Literal["log_prob", "prob"] = option(
+        "log_prob",
+        "several models (`-model A.pt B.pt`): `log_prob` = mean of the members' log-probabilities (OpenNMT-py's "
+        "default), `prob` = log of the mean probability (fairseq, OpenNMT-py's `avg_raw_probs`); flag "
+        "`-ensemble_average`",
+    )
+    strategy: Literal["beam", "sampling"] = option(
+        "beam",
+        "`beam` = beam search (greedy for `beam: 1`); `sampling` = each output token drawn from the model's "
+        "distribution (back-translation), shaped by `temperature`, `top_k`, `top_p`; `n_best` = independent "
+        "samples per line, best score first (`beam` is then unused); flag `-strategy`",
+    )
+    temperature: float = option(
+        1.0,
+        "sampling: the log-probabilities are divided by this before drawing (< 1 sharper, > 1 flatter); "
+        "greater than 0; reported scores stay the untempered model log-probabilities; flag `-temperature`",
+    )
+    top_k: int = option(
+        0, "sampling: draw among the k most probable tokens only; 0 = the whole vocabulary; flag `-top_k`", minimum=0
+    )
+    top_p: float = option(
+        1.0,
+        "sampling (nucleus): draw among the most probable tokens whose probabilities (after `temperature` and "
+        "`top_k`) sum to at least p; in (0, 1], 1 = no cut; flag `-top_p`",
+    )
+    seed: int = option(
+        1,
+        "sampling: seed of the search's own random generator, so a run repeats exactly (with the same batches) "
+        "and torch's global generator is left alone; flag `-seed`",
+    )
 
     def validate(self, path: str, root: "Config") -> None:
-        """The n best hypotheses come from the beam, so there are at most beam of them."""
-        if self.n_best > self.beam:
+        """The n best hypotheses come from the beam, so there are at most beam of them (samples are
+        independent: any number); sampling needs a positive temperature and a nucleus in (0, 1]."""
+        if self.strategy == "beam" and self.n_best > self.beam:
             raise ConfigError(f"{path}.n_best ({self.n_best}) cannot exceed {path}.beam ({self.beam})")
+        if not self.temperature > 0:
+            raise ConfigError(f"{path}.temperature must be greater than 0 (got {self.temperature})")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"{path}.top_p must be in (0, 1] (got {self.top_p})")
 
 
 @dataclass
 class LogConfig:
+    """``log:`` the run folder and progress reporting."""
+
     dir: str = option(
         "runs/default",
         "the run folder: config, vocabularies, cache, checkpoints, TensorBoard (see "
@@ -392,6 +563,8 @@ class LogConfig:
 
 @dataclass
 class Config:
+    """A whole run: one section per dataclass, loaded strictly (unknown keys are errors)."""
+
     data: DataConfig = option(help="files and how they become instances", factory=DataConfig)
     vocab: VocabConfig = option(help="subword model and vocabularies", factory=VocabConfig)
     model: ModelConfig = option(help="the network: width, embeddings, encoder and decoder", factory=ModelConfig)
@@ -461,6 +634,8 @@ class _Loader:
                 kind = f.metadata.get("part")
                 if kind:
                     kwargs[name] = self.part_field(kind, data[name], _join(path, name), f)
+                elif "load" in f.metadata:
+                    kwargs[name] = f.metadata["load"](self, data[name], _join(path, name))
                 else:
                     kwargs[name] = self.value(hints[name], data[name], _join(path, name))
         return cls(**kwargs)
@@ -607,6 +782,7 @@ def _validate(node: Any, path: str, root: Config) -> None:
 
 
 def config_from_dict(raw: dict, source: str = "config") -> Config:
+    """A validated Config from nested plain values; errors name ``source`` and the key."""
     cfg = _Loader(source).dataclass(Config, raw, "")
     try:
         _validate(cfg, "", cfg)
@@ -641,6 +817,7 @@ def load_config(path: Optional[str], overrides: Optional[list[str]] = None) -> C
 
 
 def config_to_dict(cfg: Config) -> dict:
+    """Plain nested values (what checkpoints and ``config.yaml`` store)."""
     return dataclasses.asdict(cfg)
 
 

@@ -109,6 +109,7 @@ def value_text(value: Any) -> str:
 
 
 def row(f: dataclasses.Field, tp: Any, value: Any, prefix: str = "") -> str:
+    """One markdown row of a key; its help text comes from the field's ``option(default, help)`` metadata."""
     default = f.metadata.get("shown") or f"`{value_text(value)}`"
     meaning = (prefix + f.metadata.get("help", "")).replace("|", "\\|")
     return f"| `{f.name}` | {type_text(tp, f)} | {default} | {meaning} |"

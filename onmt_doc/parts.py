@@ -14,6 +14,9 @@ from onmt_doc.modules.embeddings import Embeddings
 
 @dataclass
 class PartContext:
+    """What every part's constructor receives besides its own config section: the model-wide
+    sizes and dropouts, and the embeddings (shared, so encoder, decoder and generator can tie them)."""
+
     d_model: int
     dropout: float
     attention_dropout: float
@@ -23,6 +26,10 @@ class PartContext:
 
 @dataclass
 class EncoderOut:
+    """What an encoder hands to a decoder: ``memory`` [B, S, D], ``pad_mask`` [B, S] True on
+    padding, the source sentence tags of document models, and ``extra`` (the keys the encoder
+    ``provides`` and the decoder ``needs``)."""
+
     memory: torch.Tensor  # [B, S, D]
     pad_mask: torch.Tensor  # [B, S] True on padding
     groups: Optional[torch.Tensor] = None  # [B, S] sentence tags (document models)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from onmt_doc.errors import ConfigError
 
@@ -27,26 +27,31 @@ _REGISTRY_MODULES = {
 
 @dataclass(frozen=True)
 class Entry:
+    """One registered part: its YAML name, the class to build and the config dataclass of its section."""
+
     name: str
     cls: Callable[..., Any]
     config: type
 
 
-def closest(name: str, candidates) -> str:
+def closest(name: str, candidates: Iterable[str]) -> str:
     """' (did you mean X?)' for the closest candidate, or '' when none is close."""
     match = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.5)
     return f" (did you mean '{match[0]}'?)" if match else ""
 
 
 class Registry:
-    def __init__(self, kind: str):
+    """The parts of one kind by name; ``get`` turns an unknown name into a ConfigError with a suggestion."""
+
+    def __init__(self, kind: str) -> None:
+        """``kind`` names the part kind in error messages (``encoder``, ``loss``…)."""
         self.kind = kind
         self._entries: dict[str, Entry] = {}
 
     def register(self, name: str, config: type) -> Callable:
         """Class decorator: ``@REGISTRY.register("transformer", TransformerEncoderConfig)``."""
 
-        def decorator(cls):
+        def decorator(cls: type) -> type:
             if name in self._entries:
                 raise ValueError(
                     f"{self.kind} '{name}' is already registered by {self._entries[name].cls.__qualname__}"
@@ -57,12 +62,16 @@ class Registry:
         return decorator
 
     def names(self) -> list[str]:
+        """Registered names, sorted (error messages and the generated docs/config.md list them)."""
         return sorted(self._entries)
 
     def __contains__(self, name: str) -> bool:
+        """Whether ``name`` is registered (no error, unlike :meth:`get`)."""
         return name in self._entries
 
     def get(self, name: str, where: str = "type") -> Entry:
+        """The entry of ``name``; unknown names raise ConfigError at ``where``, with the closest
+        registered name and the full list."""
         if name not in self._entries:
             raise ConfigError(
                 f"{where}: unknown {self.kind} type '{name}'{closest(name, self._entries)}; "

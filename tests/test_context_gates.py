@@ -3,7 +3,7 @@ training with it, the error analysis and the tools' error contract."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import math
 import re
 from pathlib import Path
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import REPO, module_cmd, run_cli, tiny_config, write_config
+from conftest import module_cmd, run_cli, tiny_config, write_config
 from model_helpers import random_batch, random_model, toy_codec
 from test_cli import assert_one_line_error
 from test_decoding import SIZES, assert_stepwise_matches
@@ -478,10 +478,8 @@ def test_gate_analysis_matches_forced_decoding(tmp_path):
 
 
 def tool(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The command's module (``onmt_doc_<name>``; ``tools/<name>.py`` is a wrapper of it)."""
+    return importlib.import_module(f"onmt_doc.bin.{name}")
 
 
 def one_line_error(capsys, code: int, *needles: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -314,7 +315,12 @@ def test_evaluate_cli_reports_translation_metrics_and_tensorboard(trained_run, t
     res = json.loads(out.read_text(encoding="utf-8"))
     t = res["translation"]
     assert t["bleu"] == pytest.approx(100.0) and t["d_bleu"] == pytest.approx(100.0)
-    assert t["pronouns"]["accuracy"] == 100.0 and t["pronouns"]["total"] > 30
+    from onmt_doc.evaluation.document_metrics import PRONOUNS
+
+    ref_words = re.findall(r"\w+", (toy_dir / "test.tgt").read_text(encoding="utf-8").lower())
+    expected = sum(w in PRONOUNS["de"] for w in ref_words)
+    assert expected > 10  # the toy test set is full of pronouns
+    assert t["pronouns"]["accuracy"] == 100.0 and t["pronouns"]["total"] == expected
     assert t["consistency"] == t["consistency_reference"] and t["consistency"]["repeated_terms"] > 0
     assert "ctx=none" in proc.stdout and "ref pronoun" in proc.stdout
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -177,7 +177,7 @@ def test_repaired_sentence_counts_are_counted_and_never_empty():
     one_sentence = Hypothesis([SOS_ID, w[0], EOS_SENT_ID], 0.0, 0.0)
     lines = t._hypothesis_lines([one_sentence], 3)
     assert t.stats.docs_repaired == 1 and t.stats.empty_filled == 2
-    assert [line[0] for line in lines][1:] == [EMPTY_FILL, EMPTY_FILL]
+    assert [line[0][0] for line in lines][1:] == [EMPTY_FILL, EMPTY_FILL]  # (text, score) fields
     four = Hypothesis([s for i in w + w[:1] for s in (SOS_ID, i, EOS_SENT_ID)], 0.0, 0.0)
     assert len(t._hypothesis_lines([four], 3)) == 3 and t.stats.docs_repaired == 2
 

@@ -18,7 +18,7 @@ from onmt_doc.errors import UserError
 from onmt_doc.models.checkpoint import average_checkpoints, save_checkpoint
 
 
-def _main(argv=None) -> int:
+def _main(argv: Optional[list[str]] = None) -> int:
     p = ArgumentParser(
         prog="onmt_doc_average_checkpoints", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -42,6 +42,7 @@ def _main(argv=None) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """Console entry point: user mistakes end as one line and exit status 1 (``run``)."""
     return run(_main, argv)
 
 

@@ -23,7 +23,7 @@ from onmt_doc.bin.common import ArgumentParser, add_config_args, run
 from onmt_doc.errors import UserError
 
 
-def _main(argv=None) -> int:
+def _main(argv: Optional[list[str]] = None) -> int:
     p = ArgumentParser(
         prog="onmt_doc_build_pmi_table", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -46,7 +46,8 @@ def _main(argv=None) -> int:
 
     setup_logging()
     cfg = load_config(args.config, args.overrides)
-    src, tgt = args.src or cfg.data.train.src, args.tgt or cfg.data.train.tgt
+    one = cfg.data.train if not isinstance(cfg.data.train, dict) else None  # several corpora: give the files
+    src, tgt = args.src or (one and one.src), args.tgt or (one and one.tgt)
     if not src or not tgt:
         raise UserError("give -src and -tgt, or data.train.src and data.train.tgt in the config")
     for flag, path in (("-src", src), ("-tgt", tgt)):
@@ -73,6 +74,7 @@ def _main(argv=None) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """Console entry point: user mistakes end as one line and exit status 1 (``run``)."""
     return run(_main, argv)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from onmt_doc.errors import UserError
 
@@ -26,6 +26,7 @@ def run(main: Callable[[Optional[list[str]]], int], argv: Optional[list[str]] = 
 
 
 def add_config_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    """The ``-config X.yaml key.path=value ...`` arguments, spelled the same in every command."""
     parser.add_argument("-config", "--config", required=required, help="YAML config file")
     parser.add_argument(
         "overrides",
@@ -41,7 +42,10 @@ class ArgumentParser(argparse.ArgumentParser):
     # counts that must not be negative in whichever command declares them (torch raises otherwise)
     NON_NEGATIVE = ("threads",)
 
-    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_args(  # type: ignore[override]
+        self, args: Optional[Sequence[str]] = None, namespace: Optional[argparse.Namespace] = None
+    ) -> argparse.Namespace:
+        """argparse's parse_args, then a usage error for a negative count in ``NON_NEGATIVE``."""
         ns = super().parse_args(args, namespace)
         for name in self.NON_NEGATIVE:
             value = getattr(ns, name, None)
@@ -50,4 +54,5 @@ class ArgumentParser(argparse.ArgumentParser):
         return ns
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        """Raise instead of argparse's usage dump + exit 2, so ``run`` prints it as one line."""
         raise UserError(message)

@@ -12,14 +12,18 @@ DIR logs them as scalars. docs/evaluation.md explains the formats and the metric
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from onmt_doc.bin.common import ArgumentParser, run
 from onmt_doc.errors import UserError
+
+if TYPE_CHECKING:
+    from onmt_doc.translate.translator import Translator
 
 
 def _parser() -> ArgumentParser:
@@ -66,7 +70,7 @@ def _parser() -> ArgumentParser:
     return p
 
 
-def _check(args) -> None:
+def _check(args: argparse.Namespace) -> None:
     if not args.suite and not args.hyp:
         raise UserError("nothing to evaluate: give -suite (with -model) and/or -hyp with -ref")
     if args.suite and not args.model:
@@ -79,7 +83,7 @@ def _check(args) -> None:
         raise UserError(f"-batch_tokens must be at least 1 (got {args.batch_tokens})")
 
 
-def _translator(args):
+def _translator(args: argparse.Namespace) -> Translator:
     import torch
 
     from onmt_doc.models.checkpoint import load_model
@@ -93,7 +97,7 @@ def _translator(args):
     return Translator(model, codec, cfg, opts, device)
 
 
-def contrastive_results(args) -> dict:
+def contrastive_results(args: argparse.Namespace) -> dict:
     """Accuracy per ablation mode, each a full pass over the (streamed) suite."""
     from onmt_doc.evaluation.contrastive import ablate, evaluate_suite, read_suite
 
@@ -116,7 +120,8 @@ def contrastive_results(args) -> dict:
     return results
 
 
-def translation_results(args) -> dict:
+def translation_results(args: argparse.Namespace) -> dict:
+    """Corpus and document metrics of -hyp against -ref; needs no model, so it runs on any system's output."""
     from onmt_doc.data.corpus import read_parallel
     from onmt_doc.evaluation.document_metrics import pronoun_list, read_lexicon, translation_metrics
 
@@ -129,6 +134,7 @@ def translation_results(args) -> dict:
 
 
 def format_translation(m: dict) -> str:
+    """One human-readable line of ``translation_results``; -json keeps every number."""
     parts = [f"BLEU {m['bleu']:.2f}", f"chrF {m['chrf']:.2f}"]
     if "d_bleu" in m:
         parts.append(f"d-BLEU {m['d_bleu']:.2f}")
@@ -199,6 +205,7 @@ def _main(argv: Optional[list[str]]) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """Console entry point: user mistakes end as one line and exit status 1 (``run``)."""
     return run(_main, argv)
 
 

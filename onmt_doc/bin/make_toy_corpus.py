@@ -71,6 +71,7 @@ def _score_parser() -> _Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Generate the corpus (or ``score`` a hypothesis); a bad path or value is one line on stderr, exit 1."""
     args_in = sys.argv[1:] if argv is None else argv
     try:
         if args_in and args_in[0] == "score":

@@ -23,7 +23,7 @@ from onmt_doc.bin.common import ArgumentParser, add_config_args, run
 from onmt_doc.errors import UserError
 
 
-def _main(argv=None) -> int:
+def _main(argv: Optional[list[str]] = None) -> int:
     p = ArgumentParser(
         prog="onmt_doc_scale_model", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -91,6 +91,7 @@ def _main(argv=None) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """Console entry point: user mistakes end as one line and exit status 1 (``run``)."""
     return run(_main, argv)
 
 

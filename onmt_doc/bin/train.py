@@ -23,6 +23,7 @@ def _main(argv: Optional[list[str]]) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """Console entry point: user mistakes end as one line and exit status 1 (``run``)."""
     return run(_main, argv)
 
 

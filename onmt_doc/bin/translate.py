@@ -5,10 +5,13 @@ document written as soon as it is translated. With -tgt, prints BLEU and chrF (a
 document files) to stderr; with -score, writes the log-probability of each -tgt sentence instead.
 -output FILE is written to a temporary file in the same folder and renamed when done, so a failed
 run never truncates an existing file; an -output that is (a link to) an input file is refused.
+Several -model checkpoints translate as an ensemble. A thin layer over the Python API
+(``Translator.load`` … ``run_files``, docs/deploy.md).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -20,7 +23,7 @@ from onmt_doc.errors import UserError
 
 def _parser() -> ArgumentParser:
     p = ArgumentParser(prog="onmt_doc_translate", description=__doc__)
-    p.add_argument("-model", "--model", required=True, help="checkpoint (.pt)")
+    p.add_argument("-model", "--model", required=True, nargs="+", help="checkpoint (.pt); several: an ensemble")
     p.add_argument("-src", "--src", required=True, help="source file, '-' for standard input")
     p.add_argument("-output", "--output", default="-", help="output file, '-' for standard output")
     p.add_argument("-tgt", "--tgt", help="reference file: report BLEU/chrF/d-BLEU, or the text to -score")
@@ -49,6 +52,13 @@ def _parser() -> ArgumentParser:
         help="HM-GDC: sentences per translation window (0 = as trained)",
     )
     p.add_argument(
+        "-force_context_prefix",
+        "--force_context_prefix",
+        action="store_const",
+        const=True,
+        help="k_to_k models: force the previous sentences' own translations as the target prefix",
+    )
+    p.add_argument(
         "-max_line_chars",
         "--max_line_chars",
         type=int,
@@ -64,64 +74,73 @@ def _parser() -> ArgumentParser:
         choices=["float32", "bfloat16", "float16"],
         help="compute type (default: the checkpoint's translate.dtype, float32)",
     )
+    p.add_argument(
+        "-ensemble_average",
+        "--ensemble_average",
+        choices=["log_prob", "prob"],
+        help="several -model: average log-probabilities (default) or probabilities",
+    )
+    p.add_argument("-strategy", "--strategy", help="decoding strategy: beam or sampling (translate.strategy)")
+    p.add_argument("-temperature", "--temperature", type=float, help="sampling: softmax temperature")
+    p.add_argument("-top_k", "--top_k", type=int, help="sampling: draw from the k most likely tokens (0 = all)")
+    p.add_argument("-top_p", "--top_p", type=float, help="sampling: draw from the smallest set of mass p (nucleus)")
+    p.add_argument("-seed", "--seed", type=int, help="sampling: random seed")
     p.add_argument("-device", "--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("-threads", "--threads", type=int, default=0, help="CPU threads (0 = all cores)")
     return p
+
+
+# flag -> translate option (TranslateConfig key) it overrides; None values keep the checkpoint's
+OPTION_FLAGS = {
+    "beam": "beam",
+    "n_best": "n_best",
+    "length_penalty": "length_penalty",
+    "length_penalty_type": "length_penalty_type",
+    "max_len_ratio": "max_len_ratio",
+    "max_length": "max_length",
+    "max_input_tokens": "max_input_tokens",
+    "window_sentences": "window_sentences",
+    "force_context_prefix": "force_context_prefix",
+    "batch_tokens": "batch_tokens",
+    "batch_size": "batch_sentences",
+    "dtype": "dtype",
+    "ensemble_average": "ensemble_average",
+    "strategy": "strategy",
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "seed": "seed",
+}
+
+
+def translate_overrides(args: argparse.Namespace) -> dict:
+    """The translate options the command line sets (given flags only, so a checkpoint's sampling
+    or other keys are not overridden by absent flags)."""
+    return {option: getattr(args, option) for option in OPTION_FLAGS.values() if getattr(args, option) is not None}
 
 
 def _main(argv: Optional[list[str]]) -> int:
     args = _parser().parse_args(argv)
     import torch
 
-    from onmt_doc.errors import UserError
     from onmt_doc.evaluation.corpus_metrics import report
-    from onmt_doc.models.checkpoint import load_model
-    from onmt_doc.train.distributed import pick_device
     from onmt_doc.train.reporting import setup_logging
-    from onmt_doc.translate.translator import Translator, translator_options
+    from onmt_doc.translate.translator import Translator
 
     setup_logging()
     if args.score and not args.tgt:
         raise UserError("-score needs -tgt (the translations to score)")
-    _check_output(args.output, {"-src": args.src, "-tgt": args.tgt, "-model": args.model})
+    _check_output(args.output, [("-src", args.src), ("-tgt", args.tgt), *(("-model", m) for m in args.model)])
+    if args.max_line_chars is not None and args.max_line_chars < 0:
+        raise UserError(f"-max_line_chars must be >= 0 (got {args.max_line_chars})")
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = pick_device(args.device, key="-device")
-    model, cfg, codec = load_model(args.model, device)
-    opts = translator_options(
-        cfg.translate,
-        beam=args.beam,
-        n_best=args.n_best,
-        length_penalty=args.length_penalty,
-        length_penalty_type=args.length_penalty_type,
-        max_len_ratio=args.max_len_ratio,
-        max_length=args.max_length,
-        max_input_tokens=args.max_input_tokens,
-        window_sentences=args.window_sentences,
-        batch_tokens=args.batch_tokens,
-        batch_sentences=args.batch_sentences,
-        dtype=args.dtype,
+    names = {option: f"-{flag}" for flag, option in OPTION_FLAGS.items()}
+    translator = Translator.load(
+        args.model, args.device, option_names={**names, "device": "-device"}, **translate_overrides(args)
     )
     if args.max_line_chars is not None:
-        if args.max_line_chars < 0:
-            raise UserError(f"-max_line_chars must be >= 0 (got {args.max_line_chars})")
-        cfg.data.max_line_chars = args.max_line_chars
-    if opts.beam < 1 or opts.n_best < 1 or opts.n_best > opts.beam:
-        raise UserError(f"need -beam >= 1 and 1 <= -n_best <= -beam (got {opts.beam}, {opts.n_best})")
-    for flag, value, low in (
-        ("-batch_tokens", opts.batch_tokens, 1),
-        ("-max_length", opts.max_length, 1),
-        ("-max_input_tokens", opts.max_input_tokens, 1),
-        ("-batch_size", opts.batch_sentences, 0),
-        ("-length_penalty", opts.length_penalty, 0),
-        ("-window_sentences", opts.window_sentences, 0),
-    ):
-        if value < low:
-            raise UserError(f"{flag} must be at least {low} (got {value})")
-    if opts.max_len_ratio <= 0:
-        raise UserError(f"-max_len_ratio must be positive (got {opts.max_len_ratio})")
-    model.to(getattr(torch, opts.dtype))
-    translator = Translator(model, codec, cfg, opts, device)
+        translator.cfg.data.max_line_chars = args.max_line_chars
     start = time.time()
     if args.output == "-":
         pairs = translator.run_files(args.src, sys.stdout, args.tgt, score=args.score)
@@ -129,7 +148,7 @@ def _main(argv: Optional[list[str]]) -> int:
         pairs = _write_atomically(
             args.output, lambda out: translator.run_files(args.src, out, args.tgt, score=args.score)
         )
-    scores = report(*pairs, cfg.data.documents) if pairs else None
+    scores = report(*pairs, translator.cfg.data.documents) if pairs else None
     elapsed = time.time() - start
     print(
         f"{'scored' if args.score else 'translated'} {args.src} in {elapsed:.1f}s ({translator.stats.summary()})",
@@ -143,11 +162,11 @@ def _main(argv: Optional[list[str]]) -> int:
     return 0
 
 
-def _check_output(output: str, inputs: dict[str, Optional[str]]) -> None:
+def _check_output(output: str, inputs: list[tuple[str, Optional[str]]]) -> None:
     """Refuse an -output that is, or resolves to (links, hard links), one of the inputs."""
     if output == "-":
         return
-    for flag, path in inputs.items():
+    for flag, path in inputs:
         if not path or path == "-":
             continue
         same = os.path.realpath(output) == os.path.realpath(path)
@@ -180,6 +199,7 @@ def _write_atomically(path: str, write: Callable[[IO[str]], object]) -> object:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """Console entry point: user mistakes end as one line and exit status 1 (``run``)."""
     return run(_main, argv)
 
 

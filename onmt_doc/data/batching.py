@@ -14,6 +14,8 @@ from onmt_doc.data.vocab import BOS_ID, EOS_ID, PAD_ID, SOS_ID
 
 @dataclass
 class Batch:
+    """Padded tensors of a batch of instances; the model reads only what its unit fills in."""
+
     src: torch.Tensor  # [B, S]
     src_groups: torch.Tensor  # [B, S] sentence tag k on sentence k, 0 on padding
     tgt_in: Optional[torch.Tensor] = None  # [B, T] <bos> + target
@@ -28,9 +30,11 @@ class Batch:
 
     @property
     def size(self) -> int:
+        """Rows in the batch."""
         return self.src.size(0)
 
     def to(self, device: torch.device) -> "Batch":
+        """The same batch with every tensor on ``device``."""
         moved = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -42,7 +46,7 @@ class Batch:
         return Batch(**moved)
 
 
-def group_tags(ids):
+def group_tags(ids: torch.Tensor) -> torch.Tensor:
     """Tag k on every token of the k-th ``<s> … </s>`` sentence, 0 on <bos>/<eos>/padding.
 
     Works on numpy arrays (collation) and torch tensors (decoders) alike."""
@@ -120,8 +124,14 @@ class Lengths:
         keys = [self.src] + ([] if by_source_only else [self.tgt]) + [self.rows]
         return np.lexsort(([noise] if noise is not None else []) + keys)
 
+    def take(self, index: np.ndarray) -> "Lengths":
+        """The lengths of the examples at ``index`` (repeats allowed), in that order."""
+        return Lengths(self.src[index], self.tgt[index], self.rows[index])
+
 
 def example_lengths(examples: Sequence[Example]) -> Lengths:
+    """Per example, the padded lengths its batch row needs (what the token budget counts)."""
+
     def longest(e: Example, side: int) -> int:
         if e.sent_lens is not None:
             return int(e.sent_lens[:, side].max())
@@ -156,6 +166,56 @@ def token_batches(
     return batches
 
 
+class CorpusMix:
+    """Several training corpora in one example list, drawn in proportion to integer weights.
+
+    Corpus c holds the examples ``offsets[c]:offsets[c + 1]`` of the list. Following OpenNMT-py, a
+    weight is the number of examples drawn from its corpus per *round*; an **epoch** is the number of
+    rounds that uses every example of the corpus slowest to go through once:
+    ``rounds = max_c ceil(size_c / weight_c)``, and corpus c gives ``rounds * weight_c`` examples per
+    epoch (exactly proportional to the weights). Each corpus is read as an endless stream of passes,
+    every pass a seeded permutation of all its examples; an epoch takes its next ``rounds * weight_c``
+    examples from that stream, so a smaller corpus is repeated (every example as often as any other,
+    give or take one) and the remainder of a pass carries over to the next epoch: nothing is ever
+    dropped. With one corpus its weight has no effect: an epoch is every example once.
+    """
+
+    def __init__(self, names: Sequence[str], sizes: Sequence[int], weights: Sequence[int]):
+        if not (len(names) == len(sizes) == len(weights)) or not names:
+            raise ValueError("CorpusMix needs one name, size and weight per corpus")
+        self.names, self.sizes, self.weights = list(names), [int(n) for n in sizes], [int(w) for w in weights]
+        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        if len(self.sizes) == 1:
+            self.per_epoch = [self.sizes[0]]
+        else:
+            rounds = max(-(-n // w) for n, w in zip(self.sizes, self.weights))
+            self.per_epoch = [rounds * w for w in self.weights]
+
+    def corpus_of(self, index: np.ndarray) -> np.ndarray:
+        """The corpus number of each example index."""
+        return np.searchsorted(self.offsets, index, side="right") - 1
+
+    def draw(self, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
+        """The example indices of an epoch, corpus after corpus (a pure function of seed and epoch)."""
+        if len(self.sizes) == 1:
+            return np.arange(self.sizes[0], dtype=np.int64)
+        parts = []
+        for c, (n, count) in enumerate(zip(self.sizes, self.per_epoch)):
+            start, end = epoch * count, (epoch + 1) * count  # positions in the corpus' stream of passes
+            passes = []
+            for p in range(start // n, (end - 1) // n + 1):
+                order = np.random.default_rng([seed, p, c + 1]).permutation(n) if shuffle else np.arange(n)
+                passes.append(order)
+            stream = np.concatenate(passes)[start - (start // n) * n :][:count]
+            parts.append(stream + self.offsets[c])
+        return np.concatenate(parts).astype(np.int64)
+
+    def counts(self, index: np.ndarray) -> dict[str, int]:
+        """Examples per corpus among ``index``."""
+        found = np.bincount(self.corpus_of(np.asarray(index, dtype=np.int64)), minlength=len(self.sizes))
+        return {name: int(k) for name, k in zip(self.names, found)}
+
+
 class BatchSampler:
     """Seeded bucketed batches, the same on every rank, each rank taking its share.
 
@@ -163,7 +223,9 @@ class BatchSampler:
     random tie-break, cut into token-budget batches and shuffled. Resuming is therefore just a
     position (epoch, batches consumed), which the checkpoint stores. Every example is used every
     epoch; with several ranks the last round is completed by repeating batches from the start of
-    the epoch so all ranks take the same number of steps.
+    the epoch so all ranks take the same number of steps. With a :class:`CorpusMix` of several
+    corpora, an epoch's examples are the mix's draw for that epoch (weighted, repeats allowed),
+    bucketed and shuffled the same way, so batches mix corpora.
     """
 
     def __init__(
@@ -174,25 +236,37 @@ class BatchSampler:
         shuffle: bool = True,
         rank: int = 0,
         world: int = 1,
+        mix: Optional[CorpusMix] = None,
     ):
         self.examples = examples
         self.lengths = example_lengths(examples)
         self.batch_tokens, self.seed, self.shuffle = batch_tokens, seed, shuffle
         self.rank, self.world = rank, world
+        self.mix = mix or CorpusMix(["train"], [len(examples)], [1])
+        if int(self.mix.offsets[-1]) != len(examples):
+            raise ValueError(
+                f"the corpus mix covers {int(self.mix.offsets[-1])} examples, the list has {len(examples)}"
+            )
         self.epoch, self.position = 0, 0
         self._cache: tuple[int, list[np.ndarray]] = (-1, [])
+
+    def epoch_examples(self, epoch: int) -> np.ndarray:
+        """Every example index of an epoch (before batching and sharding), repeats included."""
+        return self.mix.draw(self.seed, epoch, self.shuffle)
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
         """This rank's batches (example indices) for an epoch."""
         if self._cache[0] == epoch:
             return self._cache[1]
-        n = len(self.examples)
+        items = self.epoch_examples(epoch)
+        n = len(items)
+        lengths = self.lengths if len(self.mix.sizes) == 1 else self.lengths.take(items)
         if self.shuffle:
             rng = np.random.default_rng([self.seed, epoch])
-            order = self.lengths.sort_order(rng.random(n))
+            order = lengths.sort_order(rng.random(n))
         else:
-            order = self.lengths.sort_order()
-        batches = token_batches(order, self.lengths, self.batch_tokens)
+            order = lengths.sort_order()
+        batches = [items[b] for b in token_batches(order, lengths, self.batch_tokens)]
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         if self.world > 1:
@@ -217,10 +291,16 @@ class BatchSampler:
         """Epochs fully consumed (the iterator only moves to the next epoch when asked for a batch)."""
         return self.epoch + (self.position >= len(self.epoch_batches(self.epoch)))
 
+    def epoch_counts(self, epoch: int) -> dict[str, int]:
+        """Examples each corpus gives to an epoch (all ranks together, before the last round's repeats)."""
+        return self.mix.counts(self.epoch_examples(epoch))
+
     def state_dict(self) -> dict:
+        """Where the sampler is (for exact resume)."""
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue from a ``state_dict`` of the same data."""
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
 

@@ -26,6 +26,8 @@ def _file_digest(path: str, h: "hashlib._Hash") -> None:
 
 
 def cache_key(src: str, tgt: str, codec: Codec, documents: bool) -> str:
+    """A digest of everything the binarized examples depend on (file contents, tokenizer,
+    vocabularies, document reading), so a stale cache is never reused."""
     h = hashlib.sha256()
     for path in (src, tgt):
         _file_digest(path, h)

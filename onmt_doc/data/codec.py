@@ -18,6 +18,8 @@ _SPECIAL_SET = frozenset(SPECIALS)
 
 @dataclass
 class Codec:
+    """Both sides' subword models and vocabularies, kept together so a checkpoint alone can translate."""
+
     src_subword: Subword
     tgt_subword: Subword
     src_vocab: Vocab
@@ -25,6 +27,7 @@ class Codec:
 
     @property
     def shared(self) -> bool:
+        """One vocabulary for both sides: what lets a model tie its source and target embeddings."""
         return self.src_vocab == self.tgt_vocab
 
     def encode(self, lines: Sequence[str], side: str) -> list[np.ndarray]:
@@ -42,6 +45,7 @@ class Codec:
         return self.tgt_subword.detokenize(tokens)
 
     def to_dict(self) -> dict:
+        """Plain data (bytes, lists) for the checkpoint, so loading needs no pickled classes."""
         return {
             "src_subword": self.src_subword.to_dict(),
             "tgt_subword": self.tgt_subword.to_dict(),
@@ -51,6 +55,7 @@ class Codec:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Codec":
+        """Inverse of :meth:`to_dict`; a shared subword model is built once and used for both sides."""
         src_sw = Subword.from_dict(d["src_subword"])
         tgt_sw = src_sw if d["tgt_subword"] == d["src_subword"] else Subword.from_dict(d["tgt_subword"])
         return cls(src_sw, tgt_sw, Vocab(d["src_vocab"]), Vocab(d["tgt_vocab"]))

@@ -25,6 +25,8 @@ class FieldContext:
 
 
 class FieldProvider(Protocol):
+    """What a registered field factory returns: fills the ``Example.extra`` arrays a loss reads."""
+
     keys: tuple[str, ...]  # the Example.extra keys it fills
 
     def attach(self, examples: Sequence[Example], docs: Sequence) -> None:

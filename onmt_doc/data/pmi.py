@@ -35,7 +35,7 @@ import logging
 import os
 from dataclasses import dataclass
 from itertools import islice
-from typing import Iterable, Iterator, Literal, Optional, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Literal, Optional, Sequence
 
 import numpy as np
 
@@ -43,6 +43,10 @@ from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import iter_parallel
 from onmt_doc.data.fields import FieldContext, register_field
 from onmt_doc.errors import ConfigError, UserError
+
+if TYPE_CHECKING:
+    from onmt_doc.data.instances import Example
+    from onmt_doc.losses.gate_hinge import PMIGateHingeConfig
 
 log = logging.getLogger("onmt_doc")
 
@@ -131,6 +135,7 @@ class PairCounts:
         self.n_pending, self.merge_at = 0, merge_at
 
     def add(self, keys: np.ndarray) -> None:
+        """Count one chunk of keys; merging is deferred until ``merge_at`` pending keys, to amortise the copy."""
         self.pending.append(_sorted_unique(keys))
         self.n_pending += len(self.pending[-1][0])
         if self.n_pending > self.merge_at:
@@ -154,6 +159,7 @@ class PairCounts:
         self.pending, self.n_pending = [], 0
 
     def result(self) -> tuple[np.ndarray, np.ndarray]:
+        """The sorted distinct keys and their counts, pending runs merged in."""
         self._merge()
         return self.keys, self.counts
 
@@ -165,6 +171,7 @@ def _chunks(items: Iterable, size: int) -> Iterator[list]:
 
 
 def vocab_digest(codec: Codec) -> str:
+    """Short hash of both vocabularies: a table records it so one built for other vocabularies is refused."""
     h = hashlib.sha256("\n".join(codec.src_vocab.itos).encode())
     h.update(b"\0" + "\n".join(codec.tgt_vocab.itos).encode())
     return h.hexdigest()[:24]
@@ -175,6 +182,8 @@ def vocab_digest(codec: Codec) -> str:
 
 @dataclass
 class PMITable:
+    """Unigram and pair counts of a corpus, from which eq. 6's PMI is computed on demand under ``normaliser``."""
+
     src_counts: np.ndarray  # [V_src] unigram token counts
     tgt_counts: np.ndarray  # [V_tgt]
     bi_keys: np.ndarray  # sorted y·V_src + x
@@ -196,10 +205,12 @@ class PMITable:
 
     @property
     def src_size(self) -> int:
+        """Source vocabulary size the keys were built with (``y·src_size + x``)."""
         return len(self.src_counts)
 
     @property
     def tgt_size(self) -> int:
+        """Target vocabulary size the keys were built with (``y_i·tgt_size + y_k``)."""
         return len(self.tgt_counts)
 
     @staticmethod
@@ -238,6 +249,7 @@ class PMITable:
         return h.hexdigest()[:24]
 
     def check_vocab(self, codec: Codec, path: str) -> None:
+        """Refuse (``UserError``) a table whose ids mean other tokens than ``codec``'s: its PMI would be wrong."""
         if (self.src_size, self.tgt_size) != (len(codec.src_vocab), len(codec.tgt_vocab)) or self.vocab != vocab_digest(
             codec
         ):
@@ -458,7 +470,7 @@ class ZStarField:
 
     keys = ("z_star", "z_star_mask")
 
-    def __init__(self, section, ctx: FieldContext):
+    def __init__(self, section: PMIGateHingeConfig, ctx: FieldContext):
         if not section.table:
             raise ConfigError(
                 f"loss {section.type}: key 'table' is required (a PMI table built with onmt_doc_build_pmi_table)"
@@ -467,7 +479,8 @@ class ZStarField:
         self.table = PMITable.load(section.table, ctx.codec, section.normaliser)
         self.cache_dir = ctx.cache_dir
 
-    def attach(self, examples: Sequence, docs: Sequence[Sequence[Pair]]) -> None:
+    def attach(self, examples: Sequence[Example], docs: Sequence[Sequence[Pair]]) -> None:
+        """Set z* on every example (``FieldProvider`` contract) and log the share of tokens labelled source."""
         attach_z_star(examples, docs, self.table, self.cache_dir)
         labeled = sum(int(e.extra["z_star_mask"].sum()) for e in examples)
         source = sum(int(e.extra["z_star"].sum()) for e in examples)

@@ -12,7 +12,7 @@ from collections import Counter
 from itertools import islice
 from typing import Iterator, Optional, Sequence
 
-from onmt_doc.config import Config
+from onmt_doc.config import Config, CorpusConfig
 from onmt_doc.data.cache import load_tokenized
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import iter_lines, read_parallel
@@ -37,14 +37,26 @@ def _paths(run_dir: str, shared: bool) -> dict[str, str]:
     }
 
 
+def train_corpora(cfg: Config) -> list[CorpusConfig]:
+    """The training corpora (names and ``documents`` resolved), each with both files present."""
+    corpora = cfg.data.corpora("train")
+    single = isinstance(cfg.data.train, CorpusConfig)
+    for c in corpora:
+        where = "data.train" if single else f"data.train.{c.name}"
+        if not c.src or not c.tgt:
+            raise ConfigError(f"{where}.src and {where}.tgt are required")
+        for key, path in ((f"{where}.src", c.src), (f"{where}.tgt", c.tgt)):
+            if not os.path.isfile(path):
+                raise ConfigError(f"{key}: {path}: file not found")
+    return corpora
+
+
 def require_train_paths(cfg: Config) -> tuple[str, str]:
-    src, tgt = cfg.data.train.src, cfg.data.train.tgt
-    if not src or not tgt:
-        raise ConfigError("data.train.src and data.train.tgt are required")
-    for key, path in (("data.train.src", src), ("data.train.tgt", tgt)):
-        if not os.path.isfile(path):
-            raise ConfigError(f"{key}: {path}: file not found")
-    return src, tgt
+    """The files of a single training corpus (tools that read one file pair)."""
+    corpora = train_corpora(cfg)
+    if len(corpora) > 1:
+        raise ConfigError(f"data.train has {len(corpora)} corpora; this command reads one: give its files")
+    return corpora[0].src, corpora[0].tgt
 
 
 def _nonblank(path: str, max_chars: int, limit: int) -> Iterator[str]:
@@ -53,20 +65,26 @@ def _nonblank(path: str, max_chars: int, limit: int) -> Iterator[str]:
 
 
 def build_codec(cfg: Config, run_dir: str) -> Codec:
-    """Learn the subword model(s) on the training files and count the vocabularies."""
-    src, tgt = require_train_paths(cfg)
+    """Learn the subword model(s) on the training files (of every corpus) and count the vocabularies."""
+    corpora = train_corpora(cfg)
     v, max_chars = cfg.vocab, cfg.data.max_line_chars
-    read_parallel(src, tgt, cfg.data.documents, max_chars)  # validate alignment before the slow part
+    for c in corpora:  # validate alignment before the slow part
+        read_parallel(c.src, c.tgt, c.documents, max_chars)
+
+    def lines(side: str, limit: int) -> list[str]:
+        return [line for c in corpora for line in _nonblank(getattr(c, side), max_chars, limit)]
+
     if v.shared:
-        lines = list(_nonblank(src, max_chars, v.sample_lines)) + list(_nonblank(tgt, max_chars, v.sample_lines))
-        src_sw = tgt_sw = Subword.learn(v.subword, v.tokenizer, v.size, lines)
+        src_sw = tgt_sw = Subword.learn(
+            v.subword, v.tokenizer, v.size, lines("src", v.sample_lines) + lines("tgt", v.sample_lines)
+        )
     else:
-        src_sw = Subword.learn(v.subword, v.tokenizer, v.size, _nonblank(src, max_chars, v.sample_lines))
-        tgt_sw = Subword.learn(v.subword, v.tokenizer, v.size, _nonblank(tgt, max_chars, v.sample_lines))
+        src_sw = Subword.learn(v.subword, v.tokenizer, v.size, lines("src", v.sample_lines))
+        tgt_sw = Subword.learn(v.subword, v.tokenizer, v.size, lines("tgt", v.sample_lines))
     counts = {}
-    for side, path, sw in (("src", src, src_sw), ("tgt", tgt, tgt_sw)):
+    for side, sw in (("src", src_sw), ("tgt", tgt_sw)):
         c: Counter = Counter()
-        for toks in sw.tokenize_batch(list(_nonblank(path, max_chars, 0))):
+        for toks in sw.tokenize_batch(lines(side, 0)):
             c.update(toks)
         counts[side] = c
     if v.shared:
@@ -80,6 +98,8 @@ def build_codec(cfg: Config, run_dir: str) -> Codec:
 
 
 def save_codec(codec: Codec, run_dir: str, shared: bool) -> None:
+    """Write the subword model(s) and vocabularies into the run folder, so a checkpoint's run is
+    self-contained and translation needs nothing from the training machine."""
     os.makedirs(run_dir, exist_ok=True)
     p = _paths(run_dir, shared)
     codec.src_subword.save(p["src_subword"])
@@ -121,14 +141,20 @@ def load_examples(
     run_dir: str,
     filter_long: bool = True,
     fields: Sequence[FieldProvider] = (),
+    documents: Optional[bool] = None,
 ) -> tuple[list[Example], list]:
     """Instances of a parallel corpus for ``unit`` with the per-example ``fields`` (the ones losses
-    ask for) attached, and its tokenized documents."""
-    docs, cached = load_tokenized(
-        src, tgt, codec, cfg.data.documents, cfg.data.max_line_chars, data_cache_dir(cfg, run_dir)
-    )
+    ask for) attached, and its tokenized documents. ``documents``: the corpus' own flag
+    (None = ``data.documents``); ``false`` makes each line a one-sentence document."""
+    documents = cfg.data.documents if documents is None else documents
+    docs, cached = load_tokenized(src, tgt, codec, documents, cfg.data.max_line_chars, data_cache_dir(cfg, run_dir))
     examples, dropped = build_instances(
-        unit, docs, cfg.data.max_tokens, cfg.data.max_len if filter_long else 0, cfg.data.max_sentences
+        unit,
+        docs,
+        cfg.data.max_tokens,
+        cfg.data.max_len if filter_long else 0,
+        cfg.data.max_sentences,
+        context_sentences=cfg.data.context_sentences,
     )
     n_sents = sum(len(d) for d in docs)
     log.info(

@@ -42,19 +42,24 @@ class Subword:
             return pyonmttok.Tokenizer(tok_mode, **options, **{key: path})
 
     def tokenize(self, line: str) -> list[str]:
+        """Subword tokens of one line, with joiners so :meth:`detokenize` restores the text."""
         return self._tok.tokenize(line)[0]
 
     def tokenize_batch(self, lines: Sequence[str]) -> list[list[str]]:
+        """:meth:`tokenize` of many lines in one pyonmttok call (much faster than a Python loop)."""
         return self._tok.tokenize_batch(list(lines))[0] if lines else []
 
     def detokenize(self, tokens: Sequence[str]) -> str:
+        """Text of subword tokens: joiners and SentencePiece markers are merged away."""
         return self._tok.detokenize(list(tokens))
 
     def to_dict(self) -> dict:
+        """The checkpoint format: plain data with the model bytes, so translating needs no model file."""
         return {"kind": self.kind, "mode": self.mode, "model": self.model}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Subword":
+        """Inverse of :meth:`to_dict`."""
         return cls(d["kind"], d["mode"], d["model"])
 
     def save(self, path: str) -> None:

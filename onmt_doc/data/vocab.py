@@ -19,6 +19,8 @@ PAD_ID, UNK_ID, SOS_ID, EOS_SENT_ID, BOS_ID, EOS_ID, MASK_ID = range(len(SPECIAL
 
 
 class Vocab:
+    """Token ↔ id table whose first ids are always ``SPECIALS``, so every model agrees on the markup ids."""
+
     def __init__(self, tokens: Sequence[str]):
         if tuple(tokens[: len(SPECIALS)]) != SPECIALS:
             raise DataError(f"vocabulary must start with the special tokens {' '.join(SPECIALS)}")
@@ -34,10 +36,12 @@ class Vocab:
         return isinstance(other, Vocab) and self.itos == other.itos
 
     def ids(self, tokens: Iterable[str]) -> list[int]:
+        """Ids of ``tokens``; an unknown token maps to ``UNK_ID`` rather than failing."""
         get = self.stoi.get
         return [get(t, UNK_ID) for t in tokens]
 
     def tokens(self, ids: Iterable[int]) -> list[str]:
+        """Tokens of ``ids``, specials included (callers drop the markup they do not want)."""
         return [self.itos[i] for i in ids]
 
     @classmethod
@@ -51,6 +55,7 @@ class Vocab:
         return cls(list(SPECIALS) + [t for t, _ in items])
 
     def save(self, path: str) -> None:
+        """One token a line, written atomically so a crashed run never leaves a truncated vocabulary."""
         tmp = f"{path}.tmp{os.getpid()}"
         with open(tmp, "w", encoding="utf-8") as f:
             f.write("\n".join(self.itos) + "\n")
@@ -58,6 +63,7 @@ class Vocab:
 
     @classmethod
     def load(cls, path: str) -> "Vocab":
+        """Read a :meth:`save` file; a missing or malformed file is a ``DataError``, not a traceback."""
         try:
             with open(path, encoding="utf-8") as f:
                 return cls([line.rstrip("\n") for line in f if line.rstrip("\n")])

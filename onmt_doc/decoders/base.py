@@ -18,6 +18,9 @@ from onmt_doc.parts import EncoderOut
 
 @dataclass
 class DecoderOut:
+    """What a teacher-forced pass returns: ``hidden`` for the generator and ``aux`` for losses and
+    analysis (gates, attention; ``aux["stats"]`` per-token sums that validation reports)."""
+
     hidden: torch.Tensor  # [B, T, D], fed to the generator
     # what losses and analysis read (gates, attention); aux["stats"] holds per-token sums that
     # validation reports, keys "group/name" (TensorBoard valid/group/name, divided by target tokens)
@@ -35,6 +38,7 @@ class LengthLimit:
     max_length: int = 250
 
     def __call__(self, src_len: torch.Tensor) -> torch.Tensor:
+        """``src_len`` [B] source lengths -> [B] output length caps."""
         cap = (src_len.float() * self.ratio).long() + self.add
         return cap.clamp(min=1, max=max(self.max_length, 1))
 
@@ -77,6 +81,14 @@ def force_tokens(log_probs: torch.Tensor, force: torch.Tensor) -> torch.Tensor:
 
 
 class Decoder(nn.Module):
+    """Base of every decoder: teacher-forced :meth:`forward` for training, :meth:`init_state` and
+    :meth:`step` for search, which must give the same outputs.
+
+    ``unit``: the instances it decodes (``sentence``, ``document``, ``context``); ``needs``: the
+    :class:`EncoderOut` ``extra`` keys it reads, checked against the encoder's ``provides`` when the
+    model is built.
+    """
+
     unit: ClassVar[str] = "sentence"
     needs: ClassVar[tuple[str, ...]] = ()  # EncoderOut.extra keys it reads (checked when building)
 
@@ -86,6 +98,7 @@ class Decoder(nn.Module):
         return limit(batch.src.ne(PAD_ID).sum(1)).clamp(min=3)
 
     def forward(self, tgt_in: torch.Tensor, enc_out: EncoderOut, batch: Batch) -> DecoderOut:  # pragma: no cover
+        """Teacher-forced pass: ``tgt_in`` [B, T] (the target shifted right) -> ``hidden`` [B, T, D]."""
         raise NotImplementedError
 
     def init_state(

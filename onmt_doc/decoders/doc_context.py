@@ -36,6 +36,8 @@ from onmt_doc.parts import EncoderOut, PartContext
 
 @dataclass
 class DocContextDecoderConfig(TransformerDecoderConfig):
+    """``model.decoder`` keys of ``type: doc_context`` (HM-GDC): the Transformer decoder's plus ``context``."""
+
     heads: int = option(8, "attention heads (self, cross and document); must divide `model.d_model`")
     context: Literal["document", "own_sentence"] = option(
         "document",
@@ -50,6 +52,9 @@ DocumentContext = tuple[DocumentMemory, torch.Tensor]  # (a layer's keys/values 
 
 @dataclass
 class DocContextState(TransformerState):
+    """The Transformer's state plus each layer's document keys/values (``shared_fields``: rows index
+    into them, so they are never reordered) and the entry ``row_doc`` each row reads."""
+
     source_fields: ClassVar[tuple[str, ...]] = ("cross_kv", "memory_mask", "row_doc")
     shared_fields: ClassVar[tuple[str, ...]] = ("doc_memory",)
     doc_memory: list[DocumentMemory]  # per layer, one entry per document (own_sentence: per source row)
@@ -57,13 +62,19 @@ class DocContextState(TransformerState):
 
 
 class DocContextDecoderLayer(TransformerDecoderLayer):
-    def __init__(self, d_model: int, heads: int, ff: int, dropout: float, attention_dropout: float, pre_norm: bool):
+    """A Transformer decoder layer whose cross-attention sublayer also attends to the document context."""
+
+    def __init__(
+        self, d_model: int, heads: int, ff: int, dropout: float, attention_dropout: float, pre_norm: bool
+    ) -> None:
+        """Adds ``doc_attn``, the DocEnc–Decoder attention (eq. 9), beside the Transformer layer's."""
         super().__init__(d_model, heads, ff, dropout, attention_dropout, pre_norm)
         self.doc_attn = MultiHeadAttention(d_model, heads, attention_dropout, self_attention=False)
 
     def source_attention(
         self, h: torch.Tensor, memory_kv: KV, memory_mask: torch.Tensor, context: Any = None
     ) -> torch.Tensor:
+        """H = E + G (eq. 10) for queries ``h`` [R, T, D]; ``context`` is the layer's :data:`DocumentContext`."""
         doc, row_doc = context
         e = self.cross_attn.cross(h, memory_kv, memory_mask)  # E: encoder-decoder attention
         g = attend_documents(self.doc_attn, h, row_doc, doc, probe="dec_doc_context")  # eq. 9: G
@@ -72,11 +83,14 @@ class DocContextDecoderLayer(TransformerDecoderLayer):
 
 @REGISTRY.register("doc_context", DocContextDecoderConfig)
 class DocContextDecoder(TransformerDecoder):
+    """HM-GDC's decoder, reading the ``hierarchical`` encoder's document context (``needs``) in every layer."""
+
     unit = "context"
     needs = ("doc_memory", "doc_memory_pad", "row_doc", "sentence_context")
     layer_type = DocContextDecoderLayer
 
-    def __init__(self, cfg: DocContextDecoderConfig, ctx: PartContext):
+    def __init__(self, cfg: DocContextDecoderConfig, ctx: PartContext) -> None:
+        """``cfg.context`` chooses what the document attention reads (module docstring)."""
         super().__init__(cfg, ctx)
         self.context = cfg.context
 
@@ -95,10 +109,12 @@ class DocContextDecoder(TransformerDecoder):
         return row_doc
 
     def layer_contexts(self, enc_out: EncoderOut) -> list[DocumentContext]:
+        """Per layer, the keys/values of C and the entry each row reads (eqs. 8–9)."""
         row_doc = self._row_memory(enc_out)
         return [(doc, row_doc) for doc in self._document_memories(enc_out)]
 
     def init_state(self, enc_out: EncoderOut, batch: Batch, limit: Optional[LengthLimit] = None) -> DocContextState:
+        """The Transformer's state plus the document memories, computed once per batch."""
         base = super().init_state(enc_out, batch, limit)
         return DocContextState(
             step=base.step,
@@ -110,4 +126,5 @@ class DocContextDecoder(TransformerDecoder):
         )
 
     def state_contexts(self, state: DocContextState) -> list[DocumentContext]:
+        """``layer_contexts`` from the decoding state, so steps do not recompute the document memories."""
         return [(doc, state.row_doc) for doc in state.doc_memory]

@@ -48,6 +48,9 @@ _NOT_WORDS = [PAD_ID, SOS_ID, BOS_ID, EOS_ID, MASK_ID]
 
 @dataclass
 class GTransformerDecoderConfig(TransformerDecoderConfig):
+    """``model.decoder`` keys of ``type: g_transformer``: the Transformer decoder's plus the locality
+    switches of tables 5–6."""
+
     group_attention: bool = option(
         True,
         "`false` = the document-Transformer baseline (all layers global); the "
@@ -82,6 +85,10 @@ class GTransformerDecoderConfig(TransformerDecoderConfig):
 
 @dataclass
 class GTransformerState(DecoderState):
+    """Decoding state of a whole document instance: the per-layer caches plus what
+    :meth:`GTransformerDecoder.constrain` needs to keep the output's sentence structure (sentences
+    started, words in the current one, the last token, each sentence's word cap)."""
+
     source_fields: ClassVar[tuple[str, ...]] = (
         "cross_kv",
         "global_cross_kv",
@@ -125,6 +132,9 @@ class _StepMasks:
 
 
 class GTransformerDecoderLayer(TransformerDecoderLayer):
+    """A Transformer decoder layer whose self- and cross-attention are each group (eq. 8), global
+    (eq. 5) or combined (eq. 10) according to ``self_mode`` / ``cross_mode``."""
+
     def __init__(
         self,
         d_model: int,
@@ -135,7 +145,9 @@ class GTransformerDecoderLayer(TransformerDecoderLayer):
         pre_norm: bool,
         self_mode: str,
         cross_mode: str,
-    ):
+    ) -> None:
+        """``self_mode``/``cross_mode``: values of :func:`attention_modes`; ``combined`` adds the global
+        attention and its gate."""
         super().__init__(d_model, heads, ff, dropout, attention_dropout, pre_norm)
         self.self_mode, self.cross_mode = self_mode, cross_mode  # group / global / combined
         combined_self, combined_cross = self_mode == COMBINED, cross_mode == COMBINED
@@ -151,6 +163,7 @@ class GTransformerDecoderLayer(TransformerDecoderLayer):
 
     # ------------------------------------------------------------------ teacher forcing
     def forward(self, x: torch.Tensor, ctx: _Forced) -> torch.Tensor:
+        """Teacher-forced ``x`` [B, T, D] -> [B, T, D], with the block plans and masks in ``ctx``."""
         x = self.self_res(x, lambda h: self._self_forced(h, ctx))
         x = self.cross_res(x, lambda h: self._cross_forced(h, ctx))
         return self.ff_res(x, self.ff)
@@ -179,6 +192,7 @@ class GTransformerDecoderLayer(TransformerDecoderLayer):
 
     # ------------------------------------------------------------------ incremental decoding
     def step(self, x: torch.Tensor, state: GTransformerState, i: int, masks: _StepMasks) -> torch.Tensor:
+        """One position ``x`` [B, 1, D] of layer ``i``; updates that layer's caches in ``state``."""
         x = self.self_res(x, lambda h: self._self_step(h, state, i, masks))
         x = self.cross_res(x, lambda h: self._cross_step(h, state, i, masks))
         return self.ff_res(x, self.ff)
@@ -205,9 +219,12 @@ class GTransformerDecoderLayer(TransformerDecoderLayer):
 
 @REGISTRY.register("g_transformer", GTransformerDecoderConfig)
 class GTransformerDecoder(Decoder):
+    """The G-Transformer decoder: translates a whole document instance in one pass (``unit = "document"``)."""
+
     unit = "document"
 
-    def __init__(self, cfg: GTransformerDecoderConfig, ctx: PartContext):
+    def __init__(self, cfg: GTransformerDecoderConfig, ctx: PartContext) -> None:
+        """Builds one layer per pair of :func:`attention_modes` entries (self, cross); embeddings shared."""
         super().__init__()
         self_modes = attention_modes(
             cfg.layers, cfg.group_attention and cfg.group_self_attention, cfg.global_layers, cfg.top_attention
@@ -227,6 +244,8 @@ class GTransformerDecoder(Decoder):
         self.final_norm = nn.LayerNorm(ctx.d_model) if cfg.pre_norm else nn.Identity()
 
     def forward(self, tgt_in: torch.Tensor, enc_out: EncoderOut, batch: Batch) -> DecoderOut:
+        """Teacher-forced pass: ``tgt_in`` [B, T] with sentence markup -> ``hidden`` [B, T, D]; the target
+        tags come from the markup (:func:`group_tags`)."""
         keep, src_keep = tgt_in.ne(PAD_ID), ~enc_out.pad_mask
         tags = group_tags(tgt_in)
         self_plan = plan_self(tags, keep, causal=True) if self.group_self else None
@@ -254,6 +273,8 @@ class GTransformerDecoder(Decoder):
         return torch.where(words.ge(0), limit(words.clamp(min=0)), torch.full_like(words, -1))
 
     def init_state(self, enc_out: EncoderOut, batch: Batch, limit: Optional[LengthLimit] = None) -> GTransformerState:
+        """Empty caches, the memory's cross-attention keys/values, and each source sentence's word cap
+        (``limit``, default :class:`LengthLimit`)."""
         b, device = enc_out.memory.size(0), enc_out.memory.device
         src_keep = ~enc_out.pad_mask
         layers = self.layers
@@ -278,6 +299,8 @@ class GTransformerDecoder(Decoder):
         )
 
     def step(self, tokens: torch.Tensor, state: GTransformerState) -> tuple[torch.Tensor, GTransformerState]:
+        """Feed ``tokens`` [B]: update the structure counters and the token's group tag, then run every
+        layer; returns hidden [B, D] and the state."""
         is_sos = tokens.eq(SOS_ID)
         state.n_sents = state.n_sents + is_sos.long()
         is_word = tokens.ge(len(SPECIALS)) | tokens.eq(UNK_ID)

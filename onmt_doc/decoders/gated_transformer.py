@@ -28,6 +28,8 @@ from onmt_doc.parts import EncoderOut, PartContext
 
 @dataclass
 class GatedTransformerDecoderConfig(PartConfig):
+    """``model.decoder`` keys of ``type: gated_transformer`` (help text in each field's ``option``)."""
+
     layers: int = option(6, "number of layers")
     heads: int = option(8, "attention heads (self and cross); must divide `model.d_model`")
     ff: int = option(2048, "inner size of the feed-forward network")
@@ -64,7 +66,8 @@ class GatedDecoderLayer(TransformerDecoderLayer):
         attention_dropout: float,
         norm: Placement,
         gate: GateType = "vector",
-    ):
+    ) -> None:
+        """``norm``: block placement (:data:`Placement`); ``gate``: ``vector`` (eq. 4) or ``sum`` (Remark)."""
         super().__init__(d_model, heads, ff, dropout, attention_dropout, pre_norm=norm == "pre")
         self.self_res = residual_block(d_model, dropout, norm)  # eq. 2: t = rn∘ln∘att(c, c<i)
         self.cross_res = GatedResidual(d_model, dropout, norm, gate)  # eqs. 2, 4: s, z
@@ -73,6 +76,7 @@ class GatedDecoderLayer(TransformerDecoderLayer):
     def forward(
         self, x: torch.Tensor, memory_kv: KV, memory_mask: torch.Tensor
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """``x`` [B, T, D] -> ([B, T, D], gate z [B, T, D], None for ``gate: sum``)."""
         t = self.self_res(x, lambda h: self.self_attn(h, is_causal=True))
         mixed, z = self.cross_res.gated(t, lambda h: self.cross_attn.cross(h, memory_kv, memory_mask))
         return self.ff_res(mixed, self.ff), z
@@ -93,7 +97,9 @@ def gate_stats(gates: torch.Tensor, keep: torch.Tensor) -> dict[str, float]:
 class GatedTransformerDecoder(TransformerDecoder):
     """``init_state`` and ``step`` are the Transformer decoder's."""
 
-    def __init__(self, cfg: GatedTransformerDecoderConfig, ctx: PartContext):
+    def __init__(self, cfg: GatedTransformerDecoderConfig, ctx: PartContext) -> None:
+        """Builds :class:`GatedDecoderLayer` stacks; skips ``TransformerDecoder.__init__``, whose layers
+        take ``pre_norm`` rather than ``norm`` and ``gate``."""
         Decoder.__init__(self)
         self.embeddings = ctx.tgt_embeddings
         self.layers = nn.ModuleList(
@@ -104,6 +110,8 @@ class GatedTransformerDecoder(TransformerDecoder):
         self.final_norm = nn.Identity() if cfg.norm == "post" else nn.LayerNorm(ctx.d_model)
 
     def forward(self, tgt_in: torch.Tensor, enc_out: EncoderOut, batch: Batch) -> DecoderOut:
+        """Teacher-forced pass: ``hidden`` [B, T, D], the gates ``aux["gates"]`` [L, B, T, D] (vector
+        gate only) and, in eval mode, their validation sums ``aux["stats"]``."""
         x = self.embeddings(tgt_in)
         mask = enc_out.attention_mask()
         gates = []

@@ -30,6 +30,8 @@ from onmt_doc.parts import EncoderOut, PartContext
 
 @dataclass
 class MHPLSTMDecoderConfig(PartConfig):
+    """``model.decoder`` keys of ``type: mhplstm`` (help text in each field's ``option``)."""
+
     layers: int = option(6, "number of layers")
     heads: int = option(8, "MHPLSTM heads (eqs. 19–21) and cross-attention heads; must divide `model.d_model`")
     ff: int = option(2048, "inner size of the feed-forward sublayer")
@@ -63,6 +65,9 @@ class MHPLSTMDecoderConfig(PartConfig):
 
 @dataclass
 class MHPLSTMState(DecoderState):
+    """Per layer only ``(running input sum, cell)`` [B, D] each: constant size whatever the prefix
+    length, plus the memory's cross-attention keys/values."""
+
     source_fields: ClassVar[tuple[str, ...]] = ("cross_kv", "memory_mask")
     step: int
     recurrent: list[HPLSTMState]  # per layer (running input sum, cell), [B, D] each
@@ -71,7 +76,11 @@ class MHPLSTMState(DecoderState):
 
 
 class MHPLSTMDecoderLayer(nn.Module):
-    def __init__(self, cfg: MHPLSTMDecoderConfig, d_model: int, dropout: float, attention_dropout: float):
+    """MHPLSTM (in place of self-attention), cross-attention and an optional feed-forward sublayer."""
+
+    def __init__(self, cfg: MHPLSTMDecoderConfig, d_model: int, dropout: float, attention_dropout: float) -> None:
+        """Reads ``heads``, ``ff``, ``ffn``, ``hidden_layers``, ``hidden_ratio``, ``norm_group`` and
+        ``pre_norm`` from ``cfg``."""
         super().__init__()
         self.hplstm = MultiHeadHPLSTM(d_model, cfg.heads, dropout, cfg.hidden_layers, cfg.hidden_ratio, cfg.norm_group)
         self.cross_attn = MultiHeadAttention(d_model, cfg.heads, attention_dropout, self_attention=False)
@@ -100,7 +109,10 @@ class MHPLSTMDecoderLayer(nn.Module):
 
 @REGISTRY.register("mhplstm", MHPLSTMDecoderConfig)
 class MHPLSTMDecoder(Decoder):
-    def __init__(self, cfg: MHPLSTMDecoderConfig, ctx: PartContext):
+    """The MHPLSTM decoder (Xu et al., 2021)."""
+
+    def __init__(self, cfg: MHPLSTMDecoderConfig, ctx: PartContext) -> None:
+        """Embeddings are shared with the model; ``cfg.positions`` decides whether they add positions."""
         super().__init__()
         self.embeddings = ctx.tgt_embeddings
         self.positions = cfg.positions
@@ -110,6 +122,7 @@ class MHPLSTMDecoder(Decoder):
         self.final_norm = nn.LayerNorm(ctx.d_model) if cfg.pre_norm else nn.Identity()
 
     def forward(self, tgt_in: torch.Tensor, enc_out: EncoderOut, batch: Batch) -> DecoderOut:
+        """Teacher-forced pass: ``tgt_in`` [B, T] -> ``hidden`` [B, T, D], every position at once."""
         x = self.embeddings(tgt_in, with_positions=self.positions)
         mask = enc_out.attention_mask()
         for layer in self.layers:
@@ -117,6 +130,7 @@ class MHPLSTMDecoder(Decoder):
         return DecoderOut(self.final_norm(x))
 
     def init_state(self, enc_out: EncoderOut, batch: Batch, limit: Optional[LengthLimit] = None) -> MHPLSTMState:
+        """Zero recurrent states and the memory's cross-attention keys/values; ``limit`` is unused."""
         b, d = enc_out.memory.size(0), enc_out.memory.size(2)
         zeros = enc_out.memory.new_zeros(b, d)
         return MHPLSTMState(
@@ -127,6 +141,7 @@ class MHPLSTMDecoder(Decoder):
         )
 
     def step(self, tokens: torch.Tensor, state: MHPLSTMState) -> tuple[torch.Tensor, MHPLSTMState]:
+        """Feed ``tokens`` [B] at position ``state.step``: hidden [B, D] and the advanced state."""
         x = self.embeddings(tokens[:, None], offset=state.step, with_positions=self.positions)
         for i, layer in enumerate(self.layers):
             x, state.recurrent[i] = layer(x, state.cross_kv[i], state.memory_mask, state.recurrent[i])

@@ -38,6 +38,8 @@ from onmt_doc.parts import EncoderOut, PartContext
 
 @dataclass
 class ReformerDecoderConfig(PartConfig):
+    """``model.decoder`` keys of ``type: reformer`` (help text in each field's ``option``)."""
+
     layers: int = option(6, "number of Reformer layers (4 sublayers each)")
     heads: int = option(8, "attention heads of both separable attentions; must divide `model.d_model`")
     ff: int = option(2048, "inner size of the two feed-forward networks of a layer")
@@ -62,6 +64,8 @@ class ReformerDecoderConfig(PartConfig):
 
 @dataclass
 class ReformerState(DecoderState):
+    """The source side of the joint input (computed once) and, per layer, the target-axis cache."""
+
     source_fields: ClassVar[tuple[str, ...]] = ("memory", "src_keep")
     step: int
     memory: torch.Tensor  # [B, S, E] source side of the joint input
@@ -81,7 +85,8 @@ class ReformerLayer(nn.Module):
 
     def __init__(
         self, d_model: int, heads: int, ff: int, dropout: float, attention_dropout: float, shared_dropout: bool
-    ):
+    ) -> None:
+        """``shared_dropout``: the paper's Dropout1d/2d on the residual branches instead of elementwise dropout."""
         super().__init__()
 
         def drop_1d(shared_axis: int) -> nn.Module:
@@ -100,6 +105,7 @@ class ReformerLayer(nn.Module):
         self.source_ff_res = JointResidual(d_model, drop_2d())
 
     def forward(self, x: torch.Tensor, src_keep: torch.Tensor) -> torch.Tensor:
+        """``x`` [B, T, S, E] -> [B, T, S, E]; ``src_keep`` [B, S] True on real source tokens."""
         x = self.target_attn_res(x, self.target_attn)
         return self.after_target_attention(x, src_keep)
 
@@ -124,7 +130,10 @@ class ReformerLayer(nn.Module):
 
 @REGISTRY.register("reformer", ReformerDecoderConfig)
 class ReformerDecoder(Decoder):
-    def __init__(self, cfg: ReformerDecoderConfig, ctx: PartContext):
+    """The joint-representation Reformer (Li et al., 2020) as a decoder over the encoder's memory."""
+
+    def __init__(self, cfg: ReformerDecoderConfig, ctx: PartContext) -> None:
+        """Embeddings are shared with the model; ``cfg.checkpoint_layers`` enables gradient checkpointing."""
         super().__init__()
         self.embeddings = ctx.tgt_embeddings
         self.layers = nn.ModuleList(
@@ -135,6 +144,7 @@ class ReformerDecoder(Decoder):
         self.checkpoint_layers = cfg.checkpoint_layers
 
     def forward(self, tgt_in: torch.Tensor, enc_out: EncoderOut, batch: Batch) -> DecoderOut:
+        """Teacher-forced pass: joint input (eq. 4) through the layers, reduced (eq. 6) to ``hidden`` [B, T, E]."""
         x = joint_input(enc_out.memory, self.embeddings(tgt_in))
         keep = ~enc_out.pad_mask
         recompute = self.checkpoint_layers and self.training and torch.is_grad_enabled()
@@ -144,11 +154,13 @@ class ReformerDecoder(Decoder):
         return DecoderOut(self.reduction(x, keep))
 
     def init_state(self, enc_out: EncoderOut, batch: Batch, limit: Optional[LengthLimit] = None) -> ReformerState:
+        """The memory as the source side of the joint input and empty target caches; ``limit`` is unused."""
         return ReformerState(
             step=0, memory=enc_out.memory, src_keep=~enc_out.pad_mask, target_kv=[None] * len(self.layers)
         )
 
     def step(self, tokens: torch.Tensor, state: ReformerState) -> tuple[torch.Tensor, ReformerState]:
+        """Feed ``tokens`` [B]: only the new row [B, 1, S, E] runs through the layers; hidden [B, E]."""
         row = joint_input(state.memory, self.embeddings(tokens[:, None], offset=state.step))  # [B, 1, S, E]
         for i, layer in enumerate(self.layers):
             row, state.target_kv[i] = layer.step(row, state.target_kv[i], state.src_keep)

@@ -21,6 +21,8 @@ from onmt_doc.parts import EncoderOut, PartContext
 
 @dataclass
 class TransformerDecoderConfig(PartConfig):
+    """``model.decoder`` keys of ``type: transformer`` (help text in each field's ``option``)."""
+
     layers: int = option(6, "number of layers")
     heads: int = option(8, "attention heads (self and cross); must divide `model.d_model`")
     ff: int = option(2048, "inner size of the feed-forward network")
@@ -33,6 +35,9 @@ class TransformerDecoderConfig(PartConfig):
 
 @dataclass
 class TransformerState(DecoderState):
+    """Per layer, the self-attention cache (grows one position a step) and the cross-attention
+    keys/values of the memory (computed once; ``source_fields``, so beams of one sentence share them)."""
+
     source_fields: ClassVar[tuple[str, ...]] = ("cross_kv", "memory_mask")
     step: int
     self_kv: list[Optional[KV]]
@@ -41,7 +46,13 @@ class TransformerState(DecoderState):
 
 
 class TransformerDecoderLayer(nn.Module):
-    def __init__(self, d_model: int, heads: int, ff: int, dropout: float, attention_dropout: float, pre_norm: bool):
+    """Causal self-attention, cross-attention and feed-forward, each in a residual block;
+    :meth:`source_attention` is the hook for layers that read more than the sentence memory."""
+
+    def __init__(
+        self, d_model: int, heads: int, ff: int, dropout: float, attention_dropout: float, pre_norm: bool
+    ) -> None:
+        """``attention_dropout`` applies to attention probabilities, ``dropout`` to the residual branches."""
         super().__init__()
         self.self_attn = MultiHeadAttention(d_model, heads, attention_dropout)
         self.cross_attn = MultiHeadAttention(d_model, heads, attention_dropout, self_attention=False)
@@ -58,6 +69,7 @@ class TransformerDecoderLayer(nn.Module):
         return self.cross_attn.cross(h, memory_kv, memory_mask)
 
     def forward(self, x: torch.Tensor, memory_kv: KV, memory_mask: torch.Tensor, context: Any = None) -> torch.Tensor:
+        """``x`` [B, T, D] -> [B, T, D]; ``memory_mask`` [B, 1, 1, S] True on real source tokens."""
         x = self.self_res(x, lambda h: self.self_attn(h, is_causal=True))
         x = self.cross_res(x, lambda h: self.source_attention(h, memory_kv, memory_mask, context))
         return self.ff_res(x, self.ff)
@@ -65,6 +77,8 @@ class TransformerDecoderLayer(nn.Module):
     def step(
         self, x: torch.Tensor, cache: Optional[KV], memory_kv: KV, memory_mask: torch.Tensor, context: Any = None
     ) -> tuple[torch.Tensor, KV]:
+        """One position ``x`` [B, 1, D] after the self-attention ``cache``; returns its output and the
+        cache extended by it."""
         new_cache = None
 
         def attend(h: torch.Tensor) -> torch.Tensor:
@@ -79,9 +93,16 @@ class TransformerDecoderLayer(nn.Module):
 
 @REGISTRY.register("transformer", TransformerDecoderConfig)
 class TransformerDecoder(Decoder):
+    """The Transformer decoder (Vaswani et al., 2017, sec. 3.1).
+
+    Subclasses change ``layer_type`` and the ``layer_contexts``/``state_contexts`` hooks rather than
+    re-implement teacher forcing and stepwise decoding.
+    """
+
     layer_type: ClassVar[type] = TransformerDecoderLayer  # subclasses with other layers set theirs
 
-    def __init__(self, cfg: TransformerDecoderConfig, ctx: PartContext):
+    def __init__(self, cfg: TransformerDecoderConfig, ctx: PartContext) -> None:
+        """Embeddings are shared with the model (``ctx.tgt_embeddings``), so they can be tied."""
         super().__init__()
         self.embeddings = ctx.tgt_embeddings
         self.layers = nn.ModuleList(
@@ -95,6 +116,7 @@ class TransformerDecoder(Decoder):
         return [None] * len(self.layers)
 
     def forward(self, tgt_in: torch.Tensor, enc_out: EncoderOut, batch: Batch) -> DecoderOut:
+        """Teacher-forced pass: ``tgt_in`` [B, T] -> ``hidden`` [B, T, D]."""
         x = self.embeddings(tgt_in)
         mask = enc_out.attention_mask()
         for layer, context in zip(self.layers, self.layer_contexts(enc_out)):
@@ -102,6 +124,8 @@ class TransformerDecoder(Decoder):
         return DecoderOut(self.final_norm(x))
 
     def init_state(self, enc_out: EncoderOut, batch: Batch, limit: Optional[LengthLimit] = None) -> TransformerState:
+        """Empty self-attention caches and the memory's cross-attention keys/values, computed once per
+        source; ``limit`` is unused."""
         return TransformerState(
             step=0,
             self_kv=[None] * len(self.layers),
@@ -110,6 +134,7 @@ class TransformerDecoder(Decoder):
         )
 
     def step(self, tokens: torch.Tensor, state: TransformerState) -> tuple[torch.Tensor, TransformerState]:
+        """Feed ``tokens`` [B] at position ``state.step``: hidden [B, D] and the advanced state."""
         x = self.embeddings(tokens[:, None], offset=state.step)
         contexts = self.state_contexts(state)
         for i, layer in enumerate(self.layers):

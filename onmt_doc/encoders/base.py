@@ -17,4 +17,6 @@ class Encoder(nn.Module):
     provides: ClassVar[tuple[str, ...]] = ()  # EncoderOut.extra keys it fills for decoders
 
     def forward(self, batch: Batch) -> EncoderOut:  # pragma: no cover - interface
+        """Encode ``batch`` into memory [B, S, D] and its pad mask [B, S] (True on padding), plus the
+        ``extra`` keys listed in ``provides``."""
         raise NotImplementedError

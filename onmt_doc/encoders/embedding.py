@@ -21,9 +21,14 @@ class EmbeddingEncoderConfig(PartConfig):
 
 @REGISTRY.register("embedding", EmbeddingEncoderConfig)
 class EmbeddingEncoder(Encoder):
-    def __init__(self, cfg: EmbeddingEncoderConfig, ctx: PartContext):
+    """Source embeddings + positions as the memory: no layers, so a decoder builds its own source
+    representation (Reformer-base)."""
+
+    def __init__(self, cfg: EmbeddingEncoderConfig, ctx: PartContext) -> None:
+        """Shares the model's source embeddings (``ctx.src_embeddings``); ``cfg`` has no keys."""
         super().__init__()
         self.embeddings = ctx.src_embeddings
 
     def forward(self, batch: Batch) -> EncoderOut:
+        """``batch.src`` [B, S] -> embedded memory [B, S, D]."""
         return EncoderOut(self.embeddings(batch.src), batch.src.eq(PAD_ID), batch.src_groups)

@@ -37,6 +37,9 @@ from onmt_doc.parts import EncoderOut, PartContext
 
 @dataclass
 class GTransformerEncoderConfig(TransformerEncoderConfig):
+    """``model.encoder`` keys of ``type: g_transformer``; adds group/global attention switches to the
+    Transformer encoder's keys."""
+
     heads: int = option(8, "attention heads (group and global); must divide `model.d_model`")
     group_attention: bool = option(
         True,
@@ -63,9 +66,13 @@ class GTransformerEncoderConfig(TransformerEncoderConfig):
 
 
 class GTransformerEncoderLayer(TransformerEncoderLayer):
+    """A Transformer encoder layer whose self-attention is group, global or combined (``mode``)."""
+
     def __init__(
         self, d_model: int, heads: int, ff: int, dropout: float, attention_dropout: float, pre_norm: bool, mode: str
-    ):
+    ) -> None:
+        """``mode`` is one of :func:`~onmt_doc.modules.group_attention.attention_modes`' values; only
+        ``combined`` adds the global attention and the gate (eq. 10)."""
         super().__init__(d_model, heads, ff, dropout, attention_dropout, pre_norm)
         self.mode = mode  # group / global / combined (attention_modes)
         combined = mode == COMBINED
@@ -75,12 +82,15 @@ class GTransformerEncoderLayer(TransformerEncoderLayer):
     def forward(
         self, x: torch.Tensor, plan: Optional[BlockPlan], keep: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
+        """``x`` [B, N, D] -> [B, N, D]; ``plan`` is None only when no layer uses group attention."""
         x = self.attn_res(x, lambda h: self.attention(h, plan, keep, mask))
         return self.ff_res(x, self.ff)
 
     def attention(
         self, h: torch.Tensor, plan: Optional[BlockPlan], keep: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
+        """The layer's self-attention of ``h`` [B, N, D]: eq. 8 (group), eq. 5 (global) or their gate-sum
+        (eq. 10); ``keep`` [B, N] True on real tokens, ``mask`` [B, 1, 1, N] the global keep-mask."""
         if self.mode == GLOBAL:  # eq. 5 over the whole instance
             return self.self_attn(h, mask, probe=("enc_self_global", keep))
         attn = self.self_attn
@@ -94,9 +104,12 @@ class GTransformerEncoderLayer(TransformerEncoderLayer):
 
 @REGISTRY.register("g_transformer", GTransformerEncoderConfig)
 class GTransformerEncoder(Encoder):
+    """The G-Transformer encoder over a whole document instance (``unit = "document"``)."""
+
     unit = "document"
 
-    def __init__(self, cfg: GTransformerEncoderConfig, ctx: PartContext):
+    def __init__(self, cfg: GTransformerEncoderConfig, ctx: PartContext) -> None:
+        """Builds one layer per :func:`attention_modes` entry; embeddings shared with the model."""
         super().__init__()
         modes = attention_modes(cfg.layers, cfg.group_attention, cfg.global_layers, cfg.top_attention)
         self.group = any(m != GLOBAL for m in modes)  # some layer needs the block plan
@@ -110,6 +123,7 @@ class GTransformerEncoder(Encoder):
         self.final_norm = nn.LayerNorm(ctx.d_model) if cfg.pre_norm else nn.Identity()
 
     def forward(self, batch: Batch) -> EncoderOut:
+        """``batch.src`` [B, N] with sentence tags ``batch.src_groups`` [B, N] -> memory [B, N, D]."""
         pad = batch.src.eq(PAD_ID)
         keep = ~pad
         plan = plan_self(batch.src_groups, keep, causal=False) if self.group else None

@@ -44,6 +44,8 @@ from onmt_doc.registry import registry_for
 
 @dataclass
 class HierarchicalEncoderConfig(TransformerEncoderConfig):
+    """``model.encoder`` keys of ``type: hierarchical`` (HM-GDC); ``layers`` etc. configure the sentence encoder."""
+
     layers: int = option(6, "sentence encoder layers")
     heads: int = option(8, "attention heads (every attention of the encoder); must divide `model.d_model`")
     ff: int = option(2048, "inner size of the feed-forward networks (sentence and document layers)")
@@ -101,10 +103,13 @@ class HierarchicalEncoderConfig(TransformerEncoderConfig):
 
 @REGISTRY.register("hierarchical", HierarchicalEncoderConfig)
 class HierarchicalEncoder(TransformerEncoder):
+    """HM-GDC's hierarchical encoder; one batch row per sentence, grouped by ``batch.doc_index``."""
+
     unit = "context"
     provides = ("doc_memory", "doc_memory_pad", "row_doc", "sentence_context")
 
-    def __init__(self, cfg: HierarchicalEncoderConfig, ctx: PartContext):
+    def __init__(self, cfg: HierarchicalEncoderConfig, ctx: PartContext) -> None:
+        """The sentence encoder is the Transformer encoder (same parameter names, for ``init_from``)."""
         super().__init__(cfg, ctx)
         d = ctx.d_model
         shared = cfg.share_attention
@@ -125,6 +130,8 @@ class HierarchicalEncoder(TransformerEncoder):
         self.pooling, self.word_context, self.context = cfg.pooling, cfg.word_context, cfg.context
 
     def forward(self, batch: Batch) -> EncoderOut:
+        """Rows [R, S] of ``batch.src`` -> words with context [R, S, D] (eqs. 1–7) and, in ``extra``, the
+        packed document context (eq. 8)."""
         sent = super().forward(batch)  # eq. 1: H_i = SentEnc(S_i)
         h, pad = sent.memory, sent.pad_mask
         row_doc = batch.doc_index.to(h.device)

@@ -20,6 +20,8 @@ from onmt_doc.parts import EncoderOut, PartContext
 
 @dataclass
 class TransformerEncoderConfig(PartConfig):
+    """``model.encoder`` keys of ``type: transformer`` (help text in each field's ``option``)."""
+
     layers: int = option(6, "number of layers")
     heads: int = option(8, "attention heads; must divide `model.d_model`")
     ff: int = option(2048, "inner size of the feed-forward network")
@@ -35,7 +37,12 @@ class TransformerEncoderConfig(PartConfig):
 
 
 class TransformerEncoderLayer(nn.Module):
-    def __init__(self, d_model: int, heads: int, ff: int, dropout: float, attention_dropout: float, pre_norm: bool):
+    """One encoder layer: self-attention then feed-forward, each in a :class:`Residual` block."""
+
+    def __init__(
+        self, d_model: int, heads: int, ff: int, dropout: float, attention_dropout: float, pre_norm: bool
+    ) -> None:
+        """``attention_dropout`` applies to the attention probabilities, ``dropout`` to the residual branches."""
         super().__init__()
         self.self_attn = MultiHeadAttention(d_model, heads, attention_dropout)
         self.ff = FeedForward(d_model, ff, dropout)
@@ -43,13 +50,17 @@ class TransformerEncoderLayer(nn.Module):
         self.ff_res = Residual(d_model, dropout, pre_norm)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``x`` [B, S, D] -> [B, S, D]; ``mask`` [B, 1, 1, S] True on keys that may be attended."""
         x = self.attn_res(x, lambda h: self.self_attn(h, mask))
         return self.ff_res(x, self.ff)
 
 
 @REGISTRY.register("transformer", TransformerEncoderConfig)
 class TransformerEncoder(Encoder):
-    def __init__(self, cfg: TransformerEncoderConfig, ctx: PartContext):
+    """The sentence-level Transformer encoder (Vaswani et al., 2017, sec. 3.1), pre-norm by default."""
+
+    def __init__(self, cfg: TransformerEncoderConfig, ctx: PartContext) -> None:
+        """Embeddings are shared with the model (``ctx.src_embeddings``), so they can be tied."""
         super().__init__()
         self.embeddings = ctx.src_embeddings
         self.layers = nn.ModuleList(
@@ -59,6 +70,7 @@ class TransformerEncoder(Encoder):
         self.final_norm = nn.LayerNorm(ctx.d_model) if cfg.pre_norm else nn.Identity()
 
     def forward(self, batch: Batch) -> EncoderOut:
+        """``batch.src`` [B, S] -> memory [B, S, D] and pad mask [B, S] (True on padding)."""
         pad = batch.src.eq(PAD_ID)
         x = self.embeddings(batch.src)
         mask = (~pad)[:, None, None, :]

@@ -28,9 +28,12 @@ import json
 import random
 from collections import deque
 from dataclasses import dataclass, field
-from typing import IO, Iterable, Iterator, Optional, Sequence
+from typing import IO, TYPE_CHECKING, Iterable, Iterator, Optional, Sequence
 
 from onmt_doc.errors import DataError, UserError
+
+if TYPE_CHECKING:
+    from onmt_doc.translate.translator import Translator
 
 CONTEXT_SEP = " ||| "
 TSV_COLUMNS = ("context_src", "context_tgt", "source", "correct", "contrastive")
@@ -40,6 +43,9 @@ ABLATIONS = ("none", "remove", "shuffle")
 
 @dataclass
 class ContrastiveItem:
+    """One test item: a source, its correct translation and the minimally different wrong ones, with
+    the context pairs and categories the report groups by; both file formats read into it."""
+
     where: str  # "FILE:LINE" or "FILE item N", for error messages
     src: str
     correct: str
@@ -50,6 +56,7 @@ class ContrastiveItem:
     document: Optional[str] = None  # document id; the shuffle ablation takes context from others
 
     def candidates(self) -> list[str]:
+        """The sentences to score, the correct one first (scores are compared in this order)."""
         return [self.correct, *self.contrastive]
 
 
@@ -358,7 +365,9 @@ class ContextWindow:
     ``translate.window_sentences``/``data.max_sentences`` for HM-GDC), so the scored sentence is
     never cut off from its context by the translator's windows."""
 
-    def __init__(self, translator, max_sentences: int = 0):
+    def __init__(self, translator: Translator, max_sentences: int = 0) -> None:
+        """``translator`` supplies the codec, the model's unit and the window limits; ``max_sentences``
+        (> 0) caps the context sentences further."""
         self.codec, self.unit = translator.codec, translator.model.unit
         data = translator.cfg.data
         self.max_tokens = data.max_tokens
@@ -367,6 +376,7 @@ class ContextWindow:
         self.max_sentences: Optional[int] = min(limits) if limits else None
 
     def __call__(self, item: ContrastiveItem) -> list[tuple[str, str]]:
+        """The (source, target) context pairs the model reads for ``item``, oldest first."""
         if self.unit == "sentence" or not item.ctx_src:
             return []
         pairs = list(zip(item.ctx_src, item.ctx_tgt))
@@ -389,7 +399,7 @@ class ContextWindow:
 
 
 def score_suite(
-    translator, items: Iterable[ContrastiveItem], max_context: int = 0
+    translator: Translator, items: Iterable[ContrastiveItem], max_context: int = 0
 ) -> Iterator[tuple[ContrastiveItem, list[float]]]:
     """Each item with the forced-decoding scores of its candidates (correct first), in order.
 
@@ -424,6 +434,7 @@ class Accuracy:
     by_category: dict = field(default_factory=dict)  # name -> value -> [correct, total]
 
     def add(self, item: ContrastiveItem, scores: Sequence[float]) -> bool:
+        """Count one scored item (``scores`` in :meth:`ContrastiveItem.candidates` order); True if correct."""
         ok = scores[0] > max(scores[1:])
         self.correct += ok
         self.total += 1
@@ -434,6 +445,8 @@ class Accuracy:
         return ok
 
     def summary(self) -> dict:
+        """Accuracy in percent overall and per category value, with the counts (JSON-ready)."""
+
         def pct(c: int, n: int) -> float:
             return 100.0 * c / n if n else 0.0
 
@@ -460,7 +473,10 @@ def _natural(value: str) -> tuple:
 
 
 def evaluate_suite(
-    translator, items: Iterable[ContrastiveItem], max_context: int = 0, item_scores: Optional[IO[str]] = None
+    translator: Translator,
+    items: Iterable[ContrastiveItem],
+    max_context: int = 0,
+    item_scores: Optional[IO[str]] = None,
 ) -> dict:
     """Accuracy overall and per category; with ``item_scores``, one JSON line per item."""
     acc = Accuracy()

@@ -12,14 +12,18 @@ import sacrebleu
 
 
 def s_bleu(hyps: Sequence[str], refs: Sequence[str]) -> float:
+    """Corpus BLEU of aligned sentence lists (``force=True``: no warning when detokenized text looks
+    tokenized)."""
     return sacrebleu.corpus_bleu(list(hyps), [list(refs)], force=True).score
 
 
 def chrf(hyps: Sequence[str], refs: Sequence[str]) -> float:
+    """Corpus chrF of aligned sentence lists."""
     return sacrebleu.corpus_chrf(list(hyps), [list(refs)]).score
 
 
 def d_bleu(hyp_docs: Sequence[Sequence[str]], ref_docs: Sequence[Sequence[str]]) -> float:
+    """d-BLEU: corpus BLEU with each document's sentences joined into one segment."""
     return s_bleu([" ".join(d) for d in hyp_docs], [" ".join(d) for d in ref_docs])
 
 

@@ -33,6 +33,8 @@ from onmt_doc.models.model import EncoderDecoder
 
 @dataclass
 class GateAnalysis:
+    """Running counts of the error analysis over a test set; :meth:`summary` turns them into percentages."""
+
     tokens: int = 0  # real target tokens
     source: int = 0  # of which z* = 1
     forced_errors: int = 0
@@ -44,6 +46,8 @@ class GateAnalysis:
     layer_sums: list = field(default_factory=list)
 
     def add_gates(self, gates: torch.Tensor, keep: torch.Tensor, z: torch.Tensor, mask: torch.Tensor) -> None:
+        """Add the gate statistics of one batch: ``gates`` [L, B, T, D], ``keep`` [B, T] non-padding
+        positions, ``z`` / ``mask`` [B, T] z* and where it is defined (eq. 5's wrong-side fraction)."""
         g = gates.double()[:, keep]  # [L, N, D]
         self.gate_values += g.numel()
         self.gate_sum += float(g.sum())
@@ -53,6 +57,8 @@ class GateAnalysis:
         self.gate_wrong += float(gate_hinge(gates.float(), z, mask)[1].sum())
 
     def summary(self) -> dict:
+        """FER, CER, CE/FE and the z* source share in percent; gate mean, variance and wrong-side share
+        when gates were added."""
         n = max(self.tokens, 1)
         out = {
             "tokens": self.tokens,

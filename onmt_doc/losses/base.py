@@ -9,7 +9,7 @@ declares in ``needs_fields``, and the data pipeline attaches it (``onmt_doc/data
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 import torch
 
@@ -27,15 +27,20 @@ class Loss:
     training_only = False  # skipped in validation (e.g. regularisers)
     needs_fields: ClassVar[tuple[str, ...]] = ()  # per-example fields it reads from Batch.extra
 
-    def __init__(self, cfg: LossConfig, **context):
+    def __init__(self, cfg: LossConfig, **context: Any) -> None:
+        """``cfg``: the loss's own config section; ``context``: build-time objects the trainer passes by
+        keyword (e.g. ``codec``), ignored by losses that do not need them."""
         self.cfg = cfg
         self.weight = cfg.weight
 
     def __call__(self, out: "ModelOut", batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:  # pragma: no cover
+        """The loss summed over what it counts, and summed statistics for the logs (the trainer divides
+        both by the step's target tokens)."""
         raise NotImplementedError
 
 
-def build_losses(cfgs: Sequence[LossConfig], **context) -> list[Loss]:
+def build_losses(cfgs: Sequence[LossConfig], **context: Any) -> list[Loss]:
+    """Build one loss per ``loss`` config entry; ``context`` is passed to each constructor."""
     from onmt_doc.losses import REGISTRY
 
     return [REGISTRY.build(c, **context) for c in cfgs]

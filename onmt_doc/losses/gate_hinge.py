@@ -11,7 +11,7 @@ is a sum the trainer divides by the step's target tokens. Tokens without supervi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 
@@ -22,9 +22,14 @@ from onmt_doc.errors import ConfigError
 from onmt_doc.losses import REGISTRY
 from onmt_doc.losses.base import Loss
 
+if TYPE_CHECKING:
+    from onmt_doc.models.model import ModelOut
+
 
 @dataclass
 class PMIGateHingeConfig(LossConfig):
+    """``loss`` entry keys of ``type: pmi_gate_hinge``; ``validate`` checks ``layers`` against the decoder."""
+
     weight: float = option(1.0, "λ of eq. 5")
     table: Optional[str] = option(
         None,
@@ -83,7 +88,9 @@ class PMIGateHinge(Loss):
     training_only = True
     needs_fields = (Z_STAR,)  # the data pipeline attaches z* (onmt_doc/pmi.py, read from `table`, `normaliser`)
 
-    def __call__(self, out, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    def __call__(self, out: ModelOut, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        """Eq. 5 summed over regularised layers and supervised tokens; raises ConfigError when the
+        decoder has no vector gates or the batch no z*."""
         gates = out.aux.get("gates")
         if gates is None:
             raise ConfigError(

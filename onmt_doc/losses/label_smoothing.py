@@ -10,6 +10,7 @@ with an 8k vocabulary that was ~12% of a training step of the benchmark Transfor
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
@@ -19,9 +20,14 @@ from onmt_doc.data.vocab import PAD_ID
 from onmt_doc.losses import REGISTRY
 from onmt_doc.losses.base import Loss
 
+if TYPE_CHECKING:
+    from onmt_doc.models.model import ModelOut
+
 
 @dataclass
 class LabelSmoothedCEConfig(LossConfig):
+    """``loss`` entry keys of ``type: label_smoothed_ce``."""
+
     smoothing: float = option(0.1, "ε; 0 = plain cross entropy")
 
 
@@ -31,7 +37,10 @@ class _SmoothedNLL(torch.autograd.Function):
     Also returns nll and whether the target logit is the row maximum (both without gradient)."""
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, eps: float):
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx, logits: torch.Tensor, target: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-token (loss, nll, target is argmax) [N] each, from ``logits`` [N, V] and ``target`` [N]."""
         top = logits.amax(-1, keepdim=True)
         probs = torch.sub(logits, top).exp_()
         total = probs.sum(-1, keepdim=True)
@@ -46,7 +55,13 @@ class _SmoothedNLL(torch.autograd.Function):
         return (1 - eps) * nll + eps * smooth, nll, target_logit >= top.squeeze(1)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor, _grad_nll, _grad_correct):
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx,
+        grad: torch.Tensor,
+        _grad_nll: Optional[torch.Tensor],
+        _grad_correct: Optional[torch.Tensor],
+    ) -> tuple[torch.Tensor, None, None]:
+        """Gradient of the per-token loss w.r.t. the logits [N, V], from the saved softmax (in place)."""
         # ∂/∂z_c = p_c − (1 − ε)·[c = target] − ε·[c ≠ pad] / (V − 1)
         probs, target = ctx.saved_tensors
         eps = ctx.eps
@@ -69,7 +84,8 @@ class LabelSmoothedCE(Loss):
     """loss = (1 − ε)·nll + ε·mean over non-pad classes of −log p; stats: nll, tokens, correct
     (the target is the argmax, ties aside)."""
 
-    def __call__(self, out, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    def __call__(self, out: ModelOut, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        """Label-smoothed cross entropy summed over the non-padding target tokens of ``out``."""
         loss, nll, correct = label_smoothed_nll(out.logits, out.target, self.cfg.smoothing)
         return loss.sum(), {
             "nll": nll.sum().item(),

@@ -28,6 +28,9 @@ def check_parts_fit(cfg: ModelConfig, encoder: Encoder, decoder: Decoder) -> Non
 
 
 def build_model(cfg: ModelConfig, codec: Codec) -> EncoderDecoder:
+    """Build embeddings, encoder, decoder and generator from ``model`` and the vocabularies' sizes:
+    Xavier for every matrix except the embeddings, optional sharing and tying; raises ConfigError
+    for a sharing the vocabularies or parts do not allow."""
     src_n, tgt_n = len(codec.src_vocab), len(codec.tgt_vocab)
     if cfg.share_embeddings and not codec.shared:
         raise ConfigError("model.share_embeddings: true needs one shared vocabulary (vocab.shared: true)")
@@ -47,4 +50,7 @@ def build_model(cfg: ModelConfig, codec: Codec) -> EncoderDecoder:
     if cfg.tie_output:
         generator.weight = tgt_emb.tokens.weight
     token = MASK_ID if cfg.word_dropout_token == "mask" else UNK_ID
-    return EncoderDecoder(encoder, decoder, generator, cfg.word_dropout, token)
+    model = EncoderDecoder(encoder, decoder, generator, cfg.word_dropout, token)
+    if cfg.unit:  # a chosen unit (k_to_1, k_to_k: checked against the parts when the config is read)
+        model.unit = cfg.unit
+    return model

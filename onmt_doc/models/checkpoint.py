@@ -54,6 +54,7 @@ def _durable_replace(tmp: str, path: str) -> None:
 
 
 def load_checkpoint(path: str) -> dict:
+    """The checkpoint dict via ``weights_only`` loading; a missing, damaged or too-new file is a ``UserError``."""
     if not os.path.isfile(path):
         raise UserError(f"{path}: checkpoint not found")
     try:
@@ -74,6 +75,7 @@ def load_checkpoint(path: str) -> dict:
 def model_from_checkpoint(
     ckpt: dict, path: str = "checkpoint", device: Optional[torch.device] = None
 ) -> tuple[EncoderDecoder, Config, Codec]:
+    """Rebuild the model from the stored config and codec alone; weights that do not fit are a ``UserError``."""
     cfg = config_from_dict(ckpt["config"], f"{path} (stored config)")
     codec = Codec.from_dict(ckpt["codec"])
     model = build_model(cfg.model, codec)

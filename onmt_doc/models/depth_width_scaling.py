@@ -52,6 +52,9 @@ def solve_step(layers: float, width: float, grad_layers: float, grad_width: floa
 
 @dataclass
 class ScalingPlan:
+    """The outcome of one scaling step: the measured gradients, the eq. 11 step α and the new
+    depth and FFN size rounded to what a config can hold."""
+
     layers: int  # current l
     width: float  # current w = ff / d_model
     grad_layers: float  # L'_l
@@ -64,6 +67,7 @@ class ScalingPlan:
     ff_multiple: int = 8  # FFN sizes are rounded to this
 
     def summary(self) -> str:
+        """One line for the console: gradients, α, old -> new depth/width and the parameter ratio."""
         return (
             f"L'_l = {self.grad_layers:.5f}, L'_w = {self.grad_width:.5f}, alpha = {self.alpha:.4g}: "
             f"layers {self.layers} -> {self.new_layers}, w {self.width:g} -> "
@@ -151,6 +155,7 @@ def measure_losses(
 
 
 def parse_losses(text: Optional[str]) -> Optional[tuple[float, float, float]]:
+    """``-losses BASE,DEEPER,WIDER`` as three floats (None when not given); raises UserError otherwise."""
     if text is None:
         return None
     try:

@@ -20,6 +20,8 @@ from onmt_doc.parts import EncoderOut
 
 @dataclass
 class ModelOut:
+    """What a teacher-forced pass hands every loss: logits of real target positions plus the decoder's extras."""
+
     logits: torch.Tensor  # [N, V] at the N non-padding target positions
     target: torch.Tensor  # [N]
     target_mask: torch.Tensor  # [B, T] True at those positions
@@ -40,6 +42,8 @@ def resolve_unit(encoder: Encoder, decoder: Decoder) -> str:
 
 
 class EncoderDecoder(nn.Module):
+    """The one model class: any registered encoder and decoder, so training and search need no per-model code."""
+
     def __init__(
         self,
         encoder: Encoder,
@@ -66,9 +70,11 @@ class EncoderDecoder(nn.Module):
         return ModelOut(logits, batch.tgt_out[mask], mask, dec_out.hidden, enc_out, dec_out.aux)
 
     def encode(self, batch: Batch) -> EncoderOut:
+        """Encode once per batch; search then calls :meth:`step` many times on the result."""
         return self.encoder(batch)
 
     def init_state(self, enc_out: EncoderOut, batch: Batch, limit: Optional[LengthLimit] = None) -> DecoderState:
+        """The decoder's state before the first :meth:`step`; ``limit`` is the search's output length limit."""
         return self.decoder.init_state(enc_out, batch, limit)
 
     def step(self, tokens: torch.Tensor, state: DecoderState) -> tuple[torch.Tensor, DecoderState]:
@@ -77,11 +83,14 @@ class EncoderDecoder(nn.Module):
         return torch.log_softmax(self.generator(hidden).float(), dim=-1), state
 
     def n_params(self) -> int:
+        """Parameter count, for logs and the model-scaling ratio (``onmt_doc_scale_model``)."""
         return sum(p.numel() for p in self.parameters())
 
 
 def full_log_probs(model: EncoderDecoder, batch: Batch, enc_out: Optional[EncoderOut] = None) -> torch.Tensor:
     """[B, T, V] teacher-forced log-probabilities (forced decoding, tests)."""
+    if not isinstance(model, EncoderDecoder):  # an ensemble (translate/ensemble.py) averages its members'
+        return model.full_log_probs(batch, enc_out)
     enc_out = enc_out if enc_out is not None else model.encode(batch)
     hidden = model.decoder(batch.tgt_in, enc_out, batch).hidden
     return torch.log_softmax(model.generator(hidden).float(), dim=-1)

@@ -29,10 +29,13 @@ def collecting() -> Iterator[dict]:
 
 
 def active() -> bool:
+    """Whether a :func:`collecting` block is open: parts test it before materialising anything to record."""
     return _SINK.get() is not None
 
 
 def record(name: str, total: float, count: float) -> None:
+    """Add ``total`` and ``count`` to statistic ``name``; a no-op outside :func:`collecting`, and zero
+    counts are dropped so a reported mean never divides by zero."""
     sink = _SINK.get()
     if sink is not None and count > 0:
         sink[name] = sink.get(name, 0.0) + float(total)

@@ -20,7 +20,15 @@ Probe = tuple[str, torch.Tensor]  # (statistic name, query keep-mask [B, Tq])
 
 
 class MultiHeadAttention(nn.Module):
-    def __init__(self, d_model: int, heads: int, dropout: float, self_attention: bool = True):
+    """Multi-head attention (Vaswani et al., 2017, sec. 3.2.2), self or cross.
+
+    ``self_attention=True`` fuses the q/k/v projections into one matrix; ``False`` projects queries
+    and the memory's keys/values separately, so :meth:`memory_kv` runs once per source and every
+    decoding step reuses it. Masks are boolean, True where a query may attend.
+    """
+
+    def __init__(self, d_model: int, heads: int, dropout: float, self_attention: bool = True) -> None:
+        """Raises ValueError when ``heads`` does not divide ``d_model``."""
         super().__init__()
         if d_model % heads:
             raise ValueError(f"d_model {d_model} is not divisible by {heads} heads")
@@ -82,6 +90,7 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool = False,
         probe: Optional[Probe] = None,
     ) -> torch.Tensor:
+        """Self-attention of ``x`` [B, T, D] -> [B, T, D]; ``mask`` broadcastable to [B, H, T, T]."""
         q, k, v = self._split(self.qkv(x), 3)
         return self.attend(q, k, v, mask, is_causal, probe)
 
@@ -96,12 +105,15 @@ class MultiHeadAttention(nn.Module):
 
     # --- cross-attention
     def memory_kv(self, memory: torch.Tensor) -> KV:
+        """Keys and values [B, H, S, d_head] of ``memory`` [B, S, D], computed once and cached for decoding."""
         k, v = self._split(self.kv(memory), 2)
         return k, v
 
     def cross(
         self, x: torch.Tensor, kv: KV, mask: Optional[torch.Tensor] = None, probe: Optional[Probe] = None
     ) -> torch.Tensor:
+        """Cross-attention of ``x`` [B, T, D] over ``kv`` from :meth:`memory_kv` -> [B, T, D]; ``mask``
+        broadcastable to [B, H, T, S]."""
         (q,) = self._split(self.q(x), 1)
         return self.attend(q, kv[0], kv[1], mask, probe=probe)
 

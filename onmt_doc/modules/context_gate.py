@@ -25,10 +25,12 @@ Sublayer = Callable[[torch.Tensor], torch.Tensor]
 class OutputNormResidual(Residual):
     """The paper's ``rn∘ln∘f``: ``x + dropout(LN(f(x)))`` (eqs. 2–3)."""
 
-    def __init__(self, d_model: int, dropout: float):
+    def __init__(self, d_model: int, dropout: float) -> None:
+        """The layer norm always applies to the sublayer output, so there is no ``pre_norm`` choice."""
         super().__init__(d_model, dropout, pre_norm=False)
 
     def forward(self, x: torch.Tensor, fn: Sublayer) -> torch.Tensor:
+        """``x`` [..., D] -> ``x + dropout(LN(fn(x)))``."""
         return x + self.dropout(self.norm(fn(x)))
 
 
@@ -44,7 +46,9 @@ class GatedResidual(Residual):
     also returns the gate (for the hinge loss and analysis). ``gate_type="sum"`` is the paper's
     Remark: ``t + s`` with no gate (z is None), i.e. the plain residual block of ``placement``."""
 
-    def __init__(self, d_model: int, dropout: float, placement: Placement, gate_type: GateType = "vector"):
+    def __init__(self, d_model: int, dropout: float, placement: Placement, gate_type: GateType = "vector") -> None:
+        """``placement``: where the layer norm sits (``paper`` = rn∘ln∘f, ``pre``, ``post``); ``gate_type``:
+        ``vector`` (eq. 4) or ``sum`` (the Remark, no gate parameters)."""
         super().__init__(d_model, dropout, pre_norm=placement == "pre")
         self.placement = placement
         self.gate = nn.Linear(2 * d_model, d_model) if gate_type == "vector" else None
@@ -66,4 +70,5 @@ class GatedResidual(Residual):
         return (self.norm(out) if self.placement == "post" else out), z
 
     def forward(self, x: torch.Tensor, fn: Sublayer) -> torch.Tensor:
+        """The gated sum [..., D], as :meth:`gated` without the gate."""
         return self.gated(x, fn)[0]

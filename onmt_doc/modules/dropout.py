@@ -38,16 +38,21 @@ def fast_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
 
 
 class Dropout(nn.Module):
-    def __init__(self, p: float):
+    """Drop-in for ``nn.Dropout`` that draws its mask with :func:`fast_dropout` on CPU (module docstring: why)."""
+
+    def __init__(self, p: float) -> None:
+        """Raises ValueError for ``p`` outside [0, 1)."""
         super().__init__()
         if not 0.0 <= p < 1.0:
             raise ValueError(f"dropout probability must be in [0, 1), got {p}")
         self.p = p
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Identity in eval mode or at p = 0, else :func:`fast_dropout`; any shape."""
         if not self.training or self.p == 0.0:
             return x
         return fast_dropout(x, self.p)
 
     def extra_repr(self) -> str:
+        """Shown by ``print(module)``, like ``nn.Dropout``."""
         return f"p={self.p}"

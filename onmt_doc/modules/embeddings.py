@@ -13,6 +13,7 @@ from onmt_doc.modules.dropout import Dropout
 
 
 def sinusoid_table(length: int, dim: int) -> torch.Tensor:
+    """Sinusoidal position encodings [length, dim] (Vaswani et al., 2017, sec. 3.5); odd ``dim`` works."""
     # PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d))
     pos = torch.arange(length, dtype=torch.float32).unsqueeze(1)
     div = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
@@ -25,7 +26,8 @@ def sinusoid_table(length: int, dim: int) -> torch.Tensor:
 class SinusoidalPositions(nn.Module):
     """Fixed position encodings, grown on demand (not saved in checkpoints)."""
 
-    def __init__(self, dim: int, max_positions: int = 4096):
+    def __init__(self, dim: int, max_positions: int = 4096) -> None:
+        """``max_positions`` only sizes the initial table: longer inputs grow it."""
         super().__init__()
         self.dim = dim
         self.register_buffer("table", sinusoid_table(max_positions, dim), persistent=False)
@@ -45,7 +47,8 @@ class Embeddings(nn.Module):
 
     def __init__(
         self, vocab_size: int, d_model: int, dropout: float, max_positions: int = 4096, positions: bool = True
-    ):
+    ) -> None:
+        """``positions=False`` for parts that encode order themselves: no sinusoid table is built."""
         super().__init__()
         self.d_model = d_model
         self.tokens = nn.Embedding(vocab_size, d_model, padding_idx=PAD_ID)
@@ -58,6 +61,7 @@ class Embeddings(nn.Module):
 
     @property
     def weight(self) -> torch.Tensor:
+        """The [V, D] token matrix, for tying with other embeddings and the output projection."""
         return self.tokens.weight
 
     def forward(

@@ -25,6 +25,12 @@ from onmt_doc.modules.document_packing import group_slots
 
 @dataclass
 class BlockPlan:
+    """Gather/scatter indices of one batch's group attention, from :func:`plan_self` or :func:`plan_cross`.
+
+    G blocks of L slots each; Nq/Nk are the query/key positions of a row. Built once per forward
+    pass and shared by every layer, so the index arithmetic is not repeated per layer.
+    """
+
     q_index: torch.Tensor  # [G, Lq] flat query positions (row * Nq + i) of each block
     k_index: torch.Tensor  # [G, Lk] flat key positions of the same sentence
     q_valid: torch.Tensor  # [G, Lq] slot holds a real query
@@ -68,7 +74,17 @@ def _free_queries(tags: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor,
     return pos, pos // tags.size(1)
 
 
-def _finish(q_tags, q_index, k_index, q_valid, mask, has_keys, free_pos, free_row, free_mask) -> BlockPlan:
+def _finish(
+    q_tags: torch.Tensor,
+    q_index: torch.Tensor,
+    k_index: torch.Tensor,
+    q_valid: torch.Tensor,
+    mask: torch.Tensor,
+    has_keys: Optional[torch.Tensor],
+    free_pos: torch.Tensor,
+    free_row: torch.Tensor,
+    free_mask: torch.Tensor,
+) -> BlockPlan:
     """Complete a plan with the inverse map that scatters outputs back by one gather."""
     n_slots = q_index.numel()
     inverse = torch.full((q_tags.numel(),), n_slots + free_pos.numel(), dtype=torch.long, device=q_tags.device)
@@ -147,7 +163,15 @@ def group_attend(
     return torch.cat(outputs)[plan.inverse].view(b, nq, h, d).transpose(1, 2)
 
 
-def _attend(q, k, v, mask, dropout: float, probe: Optional[str], queries: torch.Tensor) -> torch.Tensor:
+def _attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    dropout: float,
+    probe: Optional[str],
+    queries: torch.Tensor,
+) -> torch.Tensor:
     if probe is not None and analysis.active():
         probs = attention_probs(q, k, mask)
         analysis.record_entropy(probe, probs, queries)

@@ -24,7 +24,7 @@ HPLSTMs) or over all heads of a position (``"all_heads"``, the authors' released
 from __future__ import annotations
 
 import warnings
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +44,8 @@ class GroupedLinear(nn.Module):
     heads and leaves the bias alone.
     """
 
-    def __init__(self, heads: int, d_in: int, d_out: int):
+    def __init__(self, heads: int, d_in: int, d_out: int) -> None:
+        """Xavier-initialised weight, zero bias."""
         super().__init__()
         self.heads, self.d_in, self.d_out = heads, d_in, d_out
         self.weight = nn.Parameter(torch.empty(heads * d_in, d_out))
@@ -66,7 +67,8 @@ class GroupedLayerNorm(nn.Module):
     paper's independent per-head HPLSTMs). ``True``: over all heads and parts of a position
     together, as ``nn.LayerNorm((heads, [parts,] dim))`` in the authors' released code."""
 
-    def __init__(self, heads: int, dim: int, parts: int = 1, eps: float = 1e-5, over_heads: bool = False):
+    def __init__(self, heads: int, dim: int, parts: int = 1, eps: float = 1e-5, over_heads: bool = False) -> None:
+        """``parts``: number of ``dim``-sized groups normalised side by side (2 for the gates of eqs. 11, 12)."""
         super().__init__()
         self.heads, self.dim, self.eps, self.over_heads = heads, dim, eps, over_heads
         self.tail = (parts, dim) if parts > 1 else (dim,)
@@ -74,6 +76,7 @@ class GroupedLayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(heads * parts * dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` [H, ..., [parts,] dim] normalised, then scaled and shifted per head and part."""
         shape = (self.heads,) + (1,) * (x.dim() - 1 - len(self.tail)) + self.tail
         if self.over_heads:  # statistics over dim 0 (heads) and the tail (parts, features)
             dims = (0,) + tuple(range(x.dim() - len(self.tail), x.dim()))
@@ -109,7 +112,7 @@ def scan_backward_loop(f: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
     return total
 
 
-def _compiled(fn):
+def _compiled(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     """``fn`` compiled with TorchScript: measured fastest (docs/benchmarks.md), deprecated in torch
     2.13 (its DeprecationWarning is silenced here; the plain loops are the documented fallback)."""
     with warnings.catch_warnings():
@@ -124,13 +127,19 @@ class LinearScan(torch.autograd.Function):
     kernels = (_compiled(scan_forward_loop), _compiled(scan_backward_loop))
 
     @classmethod
-    def forward(cls, ctx, f: torch.Tensor, hr: torch.Tensor, c0: torch.Tensor) -> torch.Tensor:
+    def forward(
+        cls, ctx: torch.autograd.function.FunctionCtx, f: torch.Tensor, hr: torch.Tensor, c0: torch.Tensor
+    ) -> torch.Tensor:
+        """Cells c [G, T, ...] of eq. 16; saves f, c and c0 for :meth:`backward`."""
         c = cls.kernels[0](f, hr, c0)
         ctx.save_for_backward(f, c, c0)
         return c
 
     @classmethod
-    def backward(cls, ctx, grad: torch.Tensor):
+    def backward(
+        cls, ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Gradients of (f, hr, c0): ``total_t ⊙ c_{t−1}``, ``total_t`` and ``total_1 ⊙ f_1``."""
         f, c, c0 = ctx.saved_tensors
         total = cls.kernels[1](f, grad.contiguous())
         previous = torch.cat([c0.unsqueeze(1), c[:, :-1]], dim=1)  # c_{t-1}
@@ -163,7 +172,9 @@ class MultiHeadHPLSTM(nn.Module):
         hidden_layers: int = 2,
         hidden_ratio: int = 4,
         norm_group: str = "per_head",
-    ):
+    ) -> None:
+        """``hidden_layers``: 2 for eq. 14 (inner width ``hidden_ratio``·d_head) or 1 for eq. 13;
+        ``norm_group``: ``per_head`` or ``all_heads`` (module docstring). Raises ValueError otherwise."""
         super().__init__()
         if d_model % heads:
             raise ValueError(f"d_model {d_model} is not divisible by {heads} heads")

@@ -28,11 +28,13 @@ class TargetAttention(nn.Module):
     """Causal self-attention along T, one independent sequence per (batch, source position)
     (eq. 5 with D = T). Decoding caches its keys/values per layer as ``[B, S, H, t, d_head]``."""
 
-    def __init__(self, d_model: int, heads: int, dropout: float):
+    def __init__(self, d_model: int, heads: int, dropout: float) -> None:
+        """``heads`` must divide ``d_model`` (:class:`MultiHeadAttention`)."""
         super().__init__()
         self.attn = MultiHeadAttention(d_model, heads, dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` [B, T, S, E] -> [B, T, S, E], causal along T."""
         b, t, s, e = x.shape
         folded = x.transpose(1, 2).reshape(b * s, t, e)  # S folded into the batch
         out = self.attn(folded, is_causal=True)
@@ -52,7 +54,8 @@ class SourceAttention(nn.Module):
     """Self-attention along S, one independent sequence per (batch, target position) (eq. 5 with
     D = S); source padding is never attended to."""
 
-    def __init__(self, d_model: int, heads: int, dropout: float):
+    def __init__(self, d_model: int, heads: int, dropout: float) -> None:
+        """``heads`` must divide ``d_model`` (:class:`MultiHeadAttention`)."""
         super().__init__()
         self.attn = MultiHeadAttention(d_model, heads, dropout)
 
@@ -72,21 +75,25 @@ class SharedDropout(nn.Module):
     it back from a copy (the joint input repeats each source token along T and each target token
     along S)."""
 
-    def __init__(self, p: float, shared_axes: tuple[int, ...]):
+    def __init__(self, p: float, shared_axes: tuple[int, ...]) -> None:
+        """``shared_axes`` index the input's dimensions; raises ValueError for ``p`` outside [0, 1)."""
         super().__init__()
         if not 0.0 <= p < 1.0:
             raise ValueError(f"dropout probability must be in [0, 1), got {p}")
         self.p, self.shared_axes = p, shared_axes
 
     def mask_shape(self, shape: torch.Size) -> tuple[int, ...]:
+        """The noise shape: size 1 on the shared axes, so one draw broadcasts along them."""
         return tuple(1 if axis in self.shared_axes else n for axis, n in enumerate(shape))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Identity in eval mode or at p = 0, else ``x`` times a mask shared along ``shared_axes``."""
         if not self.training or self.p == 0.0:
             return x
         return x * dropout_mask(self.mask_shape(x.shape), self.p, x)
 
     def extra_repr(self) -> str:
+        """Shown by ``print(module)``."""
         return f"p={self.p}, shared_axes={self.shared_axes}"
 
 
@@ -94,21 +101,24 @@ class Dropout1d(SharedDropout):
     """Noise shared along one axis: on the target attention's output along S, on the source
     attention's output along T (the axis the attention does not aggregate)."""
 
-    def __init__(self, p: float, shared_axis: int):
+    def __init__(self, p: float, shared_axis: int) -> None:
+        """``shared_axis``: ``TARGET_AXIS`` or ``SOURCE_AXIS`` of [B, T, S, E]."""
         super().__init__(p, (shared_axis,))
 
 
 class Dropout2d(SharedDropout):
     """Noise shared along S and T: on the FFN outputs, which act on the whole T×S plane."""
 
-    def __init__(self, p: float):
+    def __init__(self, p: float) -> None:
+        """Noise shared along ``TARGET_AXIS`` and ``SOURCE_AXIS``, drawn per (batch, feature)."""
         super().__init__(p, (TARGET_AXIS, SOURCE_AXIS))
 
 
 class JointResidual(Residual):
     """Pre-norm residual (eq. 1) whose dropout is a given module (Dropout1d/2d or plain)."""
 
-    def __init__(self, d_model: int, dropout: nn.Module):
+    def __init__(self, d_model: int, dropout: nn.Module) -> None:
+        """``dropout`` replaces the base block's plain dropout (whose p is then unused)."""
         super().__init__(d_model, 0.0, pre_norm=True)
         self.dropout = dropout
 
@@ -124,13 +134,15 @@ class Reduction(nn.Module):
     and the output.
     """
 
-    def __init__(self, d_model: int):
+    def __init__(self, d_model: int) -> None:
+        """``d_model``: E, the feature size of the joint representation."""
         super().__init__()
         self.input_norm = nn.LayerNorm(d_model)
         self.score = nn.Linear(d_model, d_model, bias=False)  # row i is W_i
         self.output_norm = nn.LayerNorm(d_model)
 
     def forward(self, x: torch.Tensor, src_keep: torch.Tensor) -> torch.Tensor:
+        """``x`` [B, T, S, E], ``src_keep`` [B, S] True on real source tokens -> [B, T, E]."""
         x = self.input_norm(x)
         scores = self.score(x).masked_fill(~src_keep[:, None, :, None], float("-inf"))  # [B, T, S, E]
         weights = scores.softmax(dim=SOURCE_AXIS)  # eq. 6 softmax over S

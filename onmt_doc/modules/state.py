@@ -29,6 +29,13 @@ def _reorder(value: Any, index: torch.Tensor, same_sources: bool) -> Any:
 
 @dataclass
 class DecoderState:
+    """Base of every decoder's state dataclass.
+
+    Subclasses only declare fields: :meth:`reorder` walks tensors, nested states, lists and dicts
+    generically, so beam search needs no per-decoder code. ``source_fields`` and ``shared_fields``
+    name the fields reordering may skip (see the module docstring).
+    """
+
     source_fields: ClassVar[tuple[str, ...]] = ()
     shared_fields: ClassVar[tuple[str, ...]] = ()
 

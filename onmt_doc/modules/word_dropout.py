@@ -10,6 +10,8 @@ from onmt_doc.data.vocab import SPECIALS
 
 
 def word_dropout(ids: torch.Tensor, p: float, replacement: int) -> torch.Tensor:
+    """``ids`` [B, T] with each non-special token replaced by ``replacement`` with probability ``p``;
+    identity for ``p <= 0`` (callers apply it only in training)."""
     if p <= 0:
         return ids
     drop = torch.rand(ids.shape, device=ids.device).lt(p) & ids.ge(len(SPECIALS))

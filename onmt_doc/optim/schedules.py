@@ -16,19 +16,27 @@ REGISTRY = Registry("schedule")
 
 @dataclass
 class WarmupConfig(PartConfig):
+    """Keys of a schedule with linear warmup (``optim.schedule``)."""
+
     warmup: int = option(4000, "warmup steps; the schedule peaks at this step")
 
 
 @dataclass
 class LinearDecayConfig(WarmupConfig):
+    """Warmup keys plus the factor reached at the last step."""
+
     min_factor: float = option(0.0, "factor reached at `train.max_steps`")
 
 
 class Schedule:
-    def __init__(self, cfg: PartConfig, d_model: int, max_steps: int):
+    """Base of learning-rate schedules: :meth:`factor` is a pure function of the step."""
+
+    def __init__(self, cfg: PartConfig, d_model: int, max_steps: int) -> None:
+        """``d_model`` (for ``noam``) and ``max_steps`` (for ``linear_decay``) come from the run's config."""
         self.cfg, self.d_model, self.max_steps = cfg, d_model, max_steps
 
     def factor(self, step: int) -> float:  # pragma: no cover - interface
+        """The multiplier of ``optim.lr × lr_scale`` at ``step`` (1-based; step 0 is read as 1)."""
         raise NotImplementedError
 
 
@@ -37,6 +45,7 @@ class InverseSqrt(Schedule):
     """Linear warmup to optim.lr, then lr · sqrt(warmup / step)."""
 
     def factor(self, step: int) -> float:
+        """Linear warmup to 1, then ``sqrt(warmup / step)``."""
         step, w = max(step, 1), max(self.cfg.warmup, 1)
         return step / w if step < w else math.sqrt(w / step)
 
@@ -46,6 +55,7 @@ class Noam(Schedule):
     """Vaswani et al. (2017): optim.lr · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)."""
 
     def factor(self, step: int) -> float:
+        """``d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)`` (Vaswani et al., 2017, eq. 3)."""
         step, w = max(step, 1), max(self.cfg.warmup, 1)
         return self.d_model**-0.5 * min(step**-0.5, step * w**-1.5)
 
@@ -55,6 +65,7 @@ class LinearDecay(Schedule):
     """Linear warmup, then linear decay to ``min_factor`` at train.max_steps."""
 
     def factor(self, step: int) -> float:
+        """``step / warmup`` during warmup, then linear from 1 to ``min_factor`` at ``max_steps``."""
         step, w = max(step, 1), max(self.cfg.warmup, 1)
         if step < w:
             return step / w
@@ -67,8 +78,10 @@ class Constant(Schedule):
     """Linear warmup, then constant."""
 
     def factor(self, step: int) -> float:
+        """``min(1, step / warmup)``."""
         return min(1.0, max(step, 1) / max(self.cfg.warmup, 1))
 
 
 def build_schedule(cfg: PartConfig, d_model: int, max_steps: int) -> Schedule:
+    """Build the schedule named by ``cfg.type``."""
     return REGISTRY.build(cfg, d_model, max_steps)

@@ -17,6 +17,9 @@ from onmt_doc.errors import ConfigError
 
 @dataclass
 class DistContext:
+    """Where this process stands in a ``torchrun`` job (rank 0 of a world of 1 without one) and
+    the device it trains on."""
+
     rank: int = 0
     world: int = 1
     local_rank: int = 0
@@ -25,14 +28,18 @@ class DistContext:
 
     @property
     def main(self) -> bool:
+        """Rank 0: the process that logs, writes checkpoints and reports."""
         return self.rank == 0
 
     @property
     def enabled(self) -> bool:
+        """Whether there is a process group (more than one process) to reduce over."""
         return self.world > 1
 
 
 def pick_device(spec: str, local_rank: int = 0, key: str = "train.device") -> torch.device:
+    """``auto`` (the local rank's GPU if CUDA is available, else CPU), ``cpu``, ``cuda`` (the local
+    rank's GPU) or ``cuda:N``; raises ConfigError at ``key`` for unavailable or invalid devices."""
     if spec == "auto":
         return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
     if spec.startswith("cuda") and not torch.cuda.is_available():
@@ -46,6 +53,8 @@ def pick_device(spec: str, local_rank: int = 0, key: str = "train.device") -> to
 
 
 def init_distributed(device_spec: str) -> DistContext:
+    """Read torchrun's environment, pick the device and, with more than one process, join the
+    process group (NCCL on GPU, Gloo on CPU)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -60,6 +69,7 @@ def init_distributed(device_spec: str) -> DistContext:
 
 
 def all_reduce_sum(values: list[float], ctx: DistContext) -> list[float]:
+    """``values`` summed over ranks (float64, so token counts stay exact); unchanged on one process."""
     if not ctx.enabled:
         return values
     t = torch.tensor(values, dtype=torch.float64, device=ctx.device if ctx.device.type == "cuda" else "cpu")
@@ -68,6 +78,7 @@ def all_reduce_sum(values: list[float], ctx: DistContext) -> list[float]:
 
 
 def broadcast_flag(flag: bool, ctx: DistContext) -> bool:
+    """Rank 0's ``flag`` on every rank, so all ranks take the same branch."""
     if not ctx.enabled:
         return flag
     t = torch.tensor([int(flag)], device=ctx.device if ctx.device.type == "cuda" else "cpu")
@@ -94,10 +105,12 @@ def gather_objects(obj: object, ctx: DistContext) -> list:
 
 
 def barrier(ctx: DistContext) -> None:
+    """Wait for every rank (no-op on one process)."""
     if ctx.enabled:
         dist.barrier()
 
 
 def shutdown(ctx: DistContext) -> None:
+    """Leave the process group, if one was joined."""
     if ctx.enabled and dist.is_initialized():
         dist.destroy_process_group()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from types import FrameType
 from typing import Optional
 
 log = logging.getLogger("onmt_doc")
@@ -19,7 +20,8 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 class Interrupted(KeyboardInterrupt):
     """Training stopped by a signal; ``exit_status`` is the shell's 128 + signal number."""
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int) -> None:
+        """``signum``: the signal that stopped training; the message is its name (``SIGTERM``)."""
         super().__init__(signal.Signals(signum).name)
         self.exit_status = 128 + signum
 
@@ -28,19 +30,23 @@ class StopRequest:
     """Context manager: while active, SIGTERM/SIGINT set ``signum`` instead of killing the process."""
 
     def __init__(self) -> None:
+        """No handlers are installed until the ``with`` block is entered."""
         self.signum: Optional[int] = None
         self._previous: dict = {}
 
     @property
     def requested(self) -> bool:
+        """Whether a first signal arrived: the loop saves and stops after the current step."""
         return self.signum is not None
 
     def __enter__(self) -> "StopRequest":
+        """Install the handlers (main thread only: ``signal.signal`` works nowhere else)."""
         if threading.current_thread() is threading.main_thread():  # signal() works there only
             self._previous = {s: signal.signal(s, self._handle) for s in SIGNALS}
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
+        """Restore the previous handlers; exceptions propagate."""
         self._restore()
 
     def _restore(self) -> None:
@@ -48,7 +54,7 @@ class StopRequest:
             signal.signal(s, handler)
         self._previous = {}
 
-    def _handle(self, signum: int, frame) -> None:
+    def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
         if self.signum is not None:  # the second signal: stop now, without saving
             self._restore()
             raise Interrupted(signum)

@@ -1,6 +1,7 @@
 """Console progress lines and TensorBoard scalars (rank 0 only).
 
-TensorBoard tags: train/{loss,ppl,acc,lr,tok_per_s,grad_norm}, valid/{loss,ppl,acc,bleu}, plus
+TensorBoard tags: train/{loss,ppl,acc,lr,tok_per_s,grad_norm}, valid/{loss,ppl,acc,bleu} (with
+several validation sets valid/<name>/{...}), epoch/examples/<corpus> (examples per epoch), plus
 whatever a loss or model adds under its own prefix (valid/entropy/*, valid/gate/* from
 :mod:`onmt_doc.modules.analysis`). A resumed run purges events after the
 checkpoint's step, so the curves continue as one run.
@@ -13,6 +14,7 @@ import math
 import os
 import sys
 import time
+from typing import Optional
 
 from onmt_doc.modules.analysis import COUNT_SUFFIX
 
@@ -20,6 +22,8 @@ log = logging.getLogger("onmt_doc")
 
 
 def setup_logging(rank: int = 0, level: int = logging.INFO) -> None:
+    """Log ``onmt_doc`` messages to stderr: timestamped on rank 0, warnings only (tagged with the
+    rank) on the others, so a multi-process run prints one progress stream."""
     handler = logging.StreamHandler(sys.stderr)
     fmt = "[%(asctime)s %(levelname)s] %(message)s" if rank == 0 else f"[rank {rank} %(levelname)s] %(message)s"
     handler.setFormatter(logging.Formatter(fmt, "%H:%M:%S"))
@@ -50,7 +54,11 @@ def summarize(stats: dict) -> dict:
 
 
 class Reporter:
-    def __init__(self, run_dir: str, tensorboard: bool, max_steps: int, start_step: int, main: bool):
+    """Progress lines and TensorBoard scalars for one training run; a no-op on ranks other than 0."""
+
+    def __init__(self, run_dir: str, tensorboard: bool, max_steps: int, start_step: int, main: bool) -> None:
+        """``start_step`` > 0 (a resume) purges TensorBoard events after it and bases the ETA on
+        the steps done since."""
         self.main, self.max_steps = main, max_steps
         self.start_step, self.start_time = start_step, time.time()
         self.writer = None
@@ -62,11 +70,13 @@ class Reporter:
             )
 
     def scalars(self, prefix: str, step: int, values: dict) -> None:
+        """Write ``values`` as TensorBoard scalars ``<prefix>/<key>`` (no-op without TensorBoard)."""
         if self.writer:
             for key, value in values.items():
                 self.writer.add_scalar(f"{prefix}/{key}", value, step)
 
     def train(self, step: int, stats: dict, lr: float, grad_norm: float, tok_per_s: float) -> None:
+        """One progress line and its TensorBoard scalars, from summed ``stats`` (:func:`summarize`)."""
         if not self.main:
             return
         m = summarize(stats)
@@ -88,17 +98,32 @@ class Reporter:
         ]
         log.info(" | ".join(parts))
 
-    def valid(self, step: int, metrics: dict) -> None:
+    def valid(self, step: int, metrics: dict, name: Optional[str] = None) -> None:
+        """One validation set's metrics: ``valid/*``, or ``valid/<name>/*`` when there are several sets."""
         if not self.main:
             return
-        self.scalars("valid", step, metrics)
+        self.scalars(f"valid/{name}" if name else "valid", step, metrics)
         log.info(
-            "validation at step %d: %s",
+            "validation at step %d%s: %s",
             step,
+            f" on {name}" if name else "",
             " | ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()),
         )
 
+    def epoch(self, step: int, epoch: int, counts: dict) -> None:
+        """Examples each training corpus gave to a finished epoch (``epoch/examples/<corpus>``)."""
+        if not self.main:
+            return
+        self.scalars("epoch/examples", step, {k: float(v) for k, v in counts.items()})
+        log.info(
+            "epoch %d done at step %d: %s examples",
+            epoch + 1,
+            step,
+            ", ".join(f"{name} {n}" for name, n in counts.items()),
+        )
+
     def close(self) -> None:
+        """Flush and close the TensorBoard writer."""
         if self.writer:
             self.writer.flush()
             self.writer.close()

@@ -28,6 +28,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from onmt_doc.config import Config
+from onmt_doc.data.batching import CorpusMix
 from onmt_doc.data.instances import Example
 from onmt_doc.errors import UserError
 from onmt_doc.train import distributed
@@ -53,7 +54,8 @@ def make_run_dir(run_dir: str) -> None:
 class RunLock:
     """An exclusive lock on a run folder, held for the life of the training process."""
 
-    def __init__(self, run_dir: str):
+    def __init__(self, run_dir: str) -> None:
+        """Nothing is locked until :meth:`acquire`."""
         self.path = os.path.join(run_dir, LOCK_NAME)
         self.fd: Optional[int] = None
 
@@ -83,6 +85,7 @@ class RunLock:
         self.fd = fd
 
     def release(self) -> None:
+        """Drop the lock (idempotent); the lock file stays for the next holder."""
         if self.fd is not None:
             os.close(self.fd)  # closing drops the flock; the file stays for the next holder
             self.fd = None
@@ -160,33 +163,54 @@ def examples_digest(examples: Sequence[Example]) -> str:
     return h.hexdigest()
 
 
-def _get(cfg: Config, key: str):
+def _get(cfg: Config, key: str) -> object:
     node = cfg
     for name in key.split("."):
         node = getattr(node, name)
     return os.path.abspath(node) if key.startswith("data.train.") and node else node
 
 
-def data_fingerprint(examples: Sequence[Example], cfg: Config, world: int) -> dict:
-    """What the data position of a checkpoint depends on (plain data, stored in train_state)."""
+def _data_keys(cfg: Config) -> dict:
+    """DATA_KEYS' values; with several training corpora, each corpus' files and flag by name
+    (``data.train.<name>.src`` …) instead of ``data.train.src``/``tgt``."""
+    if not isinstance(cfg.data.train, dict):
+        return {key: _get(cfg, key) for key in DATA_KEYS}
+    keys = {key: _get(cfg, key) for key in DATA_KEYS if not key.startswith("data.train.")}
+    for c in cfg.data.corpora("train"):
+        where = f"data.train.{c.name}"
+        keys.update({f"{where}.src": os.path.abspath(c.src), f"{where}.tgt": os.path.abspath(c.tgt)})
+        keys[f"{where}.documents"] = c.documents
+    return keys
+
+
+def data_fingerprint(examples: Sequence[Example], cfg: Config, world: int, mix: Optional[CorpusMix] = None) -> dict:
+    """What the data position of a checkpoint depends on (plain data, stored in train_state). With
+    several corpora, their names, sizes and weights too (the weights change the batch order, not
+    the examples); a single corpus' fingerprint is the same as before corpora existed."""
     values = {key: _get(cfg, key) for key in ORDER_KEYS if key != "processes"}
-    return {
+    out = {
         "examples": examples_digest(examples),
         "n_examples": len(examples),
         **values,
         "processes": world,
-        "keys": {key: _get(cfg, key) for key in DATA_KEYS},
+        "keys": _data_keys(cfg),
     }
+    if mix is not None and len(mix.sizes) > 1:
+        out["corpora"] = [[n, size, w] for n, size, w in zip(mix.names, mix.sizes, mix.weights)]
+    return out
 
 
 def fingerprint_changes(old: dict, new: dict) -> list[str]:
     """Human-readable differences that invalidate ``old``'s data position (empty: none)."""
     changes = [f"{k} {old.get(k)} -> {new[k]}" for k in ORDER_KEYS if old.get(k) != new[k]]
+    if old.get("corpora") != new.get("corpora"):
+        changes.append(f"the training corpora [name, examples, weight] {old.get('corpora')} -> {new.get('corpora')}")
     if old.get("examples") != new["examples"]:
+        old_keys, new_keys = old.get("keys", {}), new["keys"]
         keys = [
-            f"{k} {old['keys'].get(k)} -> {new['keys'][k]}"
-            for k in DATA_KEYS
-            if old.get("keys", {}).get(k) != new["keys"][k]
+            f"{k} {old_keys.get(k)} -> {new_keys.get(k)}"
+            for k in list(new_keys) + [k for k in old_keys if k not in new_keys]
+            if old_keys.get(k) != new_keys.get(k)
         ]
         changes += keys or [
             f"the training examples ({old.get('n_examples')} -> {new['n_examples']}; "

@@ -23,13 +23,13 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from onmt_doc.config import Config, config_to_dict, save_config
-from onmt_doc.data.batching import BatchSampler, collate, ordered_batches
+from onmt_doc.data.batching import Batch, BatchSampler, CorpusMix, collate, ordered_batches
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import read_parallel
 from onmt_doc.data.fields import FieldContext
 from onmt_doc.data.instances import Example
-from onmt_doc.data.prepare import build_codec, data_cache_dir, load_codec, load_examples, require_train_paths
-from onmt_doc.errors import ConfigError, UserError
+from onmt_doc.data.prepare import build_codec, data_cache_dir, load_codec, load_examples, train_corpora
+from onmt_doc.errors import UserError
 from onmt_doc.evaluation.corpus_metrics import report
 from onmt_doc.losses import Loss, build_losses, loss_fields
 from onmt_doc.models.builder import build_model
@@ -51,6 +51,9 @@ log = logging.getLogger("onmt_doc")
 
 @dataclass
 class EarlyStopping:
+    """Patience on one validation metric (lower loss / higher BLEU is better); its counters are
+    part of the training state so a resumed run stops where the uninterrupted one would."""
+
     metric: str
     patience: int
     best: Optional[float] = None
@@ -67,7 +70,18 @@ class EarlyStopping:
 
     @property
     def stop(self) -> bool:
+        """Whether ``patience`` validations in a row brought no improvement (0 = never stop)."""
         return self.patience > 0 and self.bad >= self.patience
+
+
+@dataclass
+class ValidSet:
+    """One validation set: its name (for logs and ``train.best_on``), instances and text documents."""
+
+    name: str
+    examples: list[Example]
+    docs: list
+    documents: bool
 
 
 @dataclass
@@ -79,6 +93,7 @@ class StepStats:
     seconds: float = 0.0
 
     def add(self, stats: dict) -> None:
+        """Accumulate one step's loss statistics (sums, so the report divides once)."""
         for k, v in stats.items():
             self.values[k] = self.values.get(k, 0.0) + float(v)
 
@@ -101,6 +116,9 @@ def prepare_codec(cfg: Config, run_dir: str, ctx: DistContext) -> Codec:
 
 
 class Trainer:
+    """One training run: model, optimizer, data order and run folder, with everything an exact
+    resume needs saved in each checkpoint."""
+
     def __init__(self, cfg: Config, ctx: DistContext):
         self.cfg, self.ctx = cfg, ctx
         self.run_dir = cfg.log.dir
@@ -119,11 +137,13 @@ class Trainer:
         self.schedule = build_schedule(cfg.optim.schedule, cfg.model.d_model, cfg.train.max_steps)
         self.amp_dtype = amp_dtype(cfg.train.amp, ctx.device)
         self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
-        self.train_examples, self.valid_examples, self.valid_docs = self._load_data()
+        self.train_examples, self.mix, self.valid_sets = self._load_data()
+        self.valid_examples = [e for v in self.valid_sets for e in v.examples]
+        self.best_on = cfg.train.best_on or (self.valid_sets[0].name if self.valid_sets else None)
         self.sampler = BatchSampler(
-            self.train_examples, cfg.train.batch_tokens, cfg.train.seed, rank=ctx.rank, world=ctx.world
+            self.train_examples, cfg.train.batch_tokens, cfg.train.seed, rank=ctx.rank, world=ctx.world, mix=self.mix
         )
-        self.fingerprint = data_fingerprint(self.train_examples, cfg, ctx.world)
+        self.fingerprint = data_fingerprint(self.train_examples, cfg, ctx.world, self.mix)
         self.step = 0
         self.saved_step: Optional[int] = None  # step of the checkpoint last written or resumed
         self.early = EarlyStopping(cfg.train.early_stopping_metric, cfg.train.early_stopping)
@@ -144,23 +164,48 @@ class Trainer:
         )
 
     # ------------------------------------------------------------------ setup
-    def _load_data(self) -> tuple[list[Example], list[Example], list]:
-        src, tgt = require_train_paths(self.cfg)
+    def _load_data(self) -> tuple[list[Example], CorpusMix, list[ValidSet]]:
+        """Every training corpus' instances in one list (corpus after corpus, described by the
+        CorpusMix the sampler draws from) and the validation sets."""
         unit = self.model.unit
         train_fields, valid_fields = self.fields
-        train, _ = load_examples(self.cfg, self.codec, src, tgt, unit, self.run_dir, fields=train_fields)
-        if not train:
-            raise UserError(f"{src}: no training examples (all filtered by data.max_len?)")
-        valid, valid_docs = [], []
-        v = self.cfg.data.valid
-        if v.src and v.tgt:
-            valid, _ = load_examples(
-                self.cfg, self.codec, v.src, v.tgt, unit, self.run_dir, filter_long=False, fields=valid_fields
+        train: list[Example] = []
+        sizes = []
+        corpora = train_corpora(self.cfg)
+        for c in corpora:
+            examples, _ = load_examples(
+                self.cfg, self.codec, c.src, c.tgt, unit, self.run_dir, fields=train_fields, documents=c.documents
             )
-            valid_docs = read_parallel(v.src, v.tgt, self.cfg.data.documents, self.cfg.data.max_line_chars)
-        elif v.src or v.tgt:
-            raise ConfigError("data.valid needs both src and tgt (or neither)")
-        return train, valid, valid_docs
+            if not examples:
+                raise UserError(f"{c.src}: no training examples (all filtered by data.max_len?)")
+            train += examples
+            sizes.append(len(examples))
+        mix = CorpusMix([c.name for c in corpora], sizes, [c.weight for c in corpora])
+        if len(corpora) > 1:
+            log.info(
+                "%d training corpora, examples per epoch (rounds x weight): %s",
+                len(corpora),
+                ", ".join(
+                    f"{n} {k} of {size} (weight {w})"
+                    for n, k, size, w in zip(mix.names, mix.per_epoch, mix.sizes, mix.weights)
+                ),
+            )
+        valid_sets = []
+        for v in self.cfg.data.corpora("valid"):  # each with both files (checked when the config is read)
+            examples, _ = load_examples(
+                self.cfg,
+                self.codec,
+                v.src,
+                v.tgt,
+                unit,
+                self.run_dir,
+                filter_long=False,
+                fields=valid_fields,
+                documents=v.documents,
+            )
+            docs = read_parallel(v.src, v.tgt, v.documents, self.cfg.data.max_line_chars)
+            valid_sets.append(ValidSet(v.name, examples, docs, v.documents))
+        return train, mix, valid_sets
 
     # ------------------------------------------------------------------ checkpoints
     def _train_state(self) -> dict:
@@ -195,6 +240,7 @@ class Trainer:
         return payload
 
     def save(self) -> None:
+        """Write ``step_N.pt`` (atomically) and make ``last.pt`` a durable copy of it."""
         payload = self._payload()  # every rank takes part: RNG states are gathered
         if not self.ctx.main:
             return
@@ -210,6 +256,7 @@ class Trainer:
         log.info("saved %s", path)
 
     def save_best(self) -> None:
+        """Write ``best.pt``: weights only (no training state), for translation and averaging."""
         if self.ctx.main:
             save_checkpoint(self._payload(with_train_state=False), os.path.join(self.ckpt_dir, "best.pt"))
 
@@ -295,7 +342,7 @@ class Trainer:
     def _autocast(self):
         return autocast(self.ctx.device, self.amp_dtype)
 
-    def _losses(self, batch, training: bool) -> tuple[torch.Tensor, dict]:
+    def _losses(self, batch: Batch, training: bool) -> tuple[torch.Tensor, dict]:
         out = (self.ddp or self.model)(batch) if training else self.model(batch)
         total, stats = None, {}
         for loss in self.losses:
@@ -353,6 +400,7 @@ class Trainer:
             return {}
         reporter = Reporter(self.run_dir, self.cfg.log.tensorboard, cfg.max_steps, self.step, self.ctx.main)
         batches = iter(self.sampler)
+        epochs_logged = self.sampler.completed_epochs()
         last_metrics: dict = {}
         try:
             while not (end or stop):
@@ -364,6 +412,9 @@ class Trainer:
                 grad_norm = values.pop("grad_norm")
                 self.pending.add(values)
                 self.pending.seconds += time.time() - t0
+                while epochs_logged < self.sampler.completed_epochs():  # per-corpus examples of each epoch
+                    reporter.epoch(self.step, epochs_logged, self.sampler.epoch_counts(epochs_logged))
+                    epochs_logged += 1
                 end = self._at_end()
                 if self.step % self.cfg.log.every == 0 or end:
                     self._report(reporter, grad_norm)
@@ -440,35 +491,48 @@ class Trainer:
     # ------------------------------------------------------------------ validation
     @torch.no_grad()
     def validate(self, reporter: Optional[Reporter] = None) -> dict:
-        """Loss/perplexity/accuracy (and BLEU) on the validation set; rank 0 computes, all wait."""
+        """Loss/perplexity/accuracy (and BLEU) on every validation set, each reported on its own; the
+        ``train.best_on`` set decides ``best.pt`` and early stopping. Returns that set's metrics, plus
+        ``<set>/<metric>`` for every set when there are several. Rank 0 computes, all wait."""
         metrics: dict = {}
         if self.ctx.main:
             self.model.eval()
-            stats = StepStats()
-            with analysis.collecting() as analysis_stats:  # attention entropy, gate means …
-                for idx in ordered_batches(self.valid_examples, self.cfg.train.batch_tokens):
-                    batch = collate([self.valid_examples[i] for i in idx], idx).to(self.ctx.device)
-                    with self._autocast():
-                        _, s = self._losses(batch, training=False)
-                    stats.add(s)
-            stats.add(analysis_stats)
-            metrics = summarize(stats.values)
-            if self.cfg.train.valid_bleu and self.valid_docs:
-                metrics["bleu"] = self.valid_bleu()
+            several = len(self.valid_sets) > 1
+            for v in self.valid_sets:
+                m = self._validate_set(v)
+                if reporter:
+                    reporter.valid(self.step, m, v.name if several else None)
+                if several:
+                    metrics.update({f"{v.name}/{k}": value for k, value in m.items()})
+                if v.name == self.best_on:
+                    metrics.update(m)
             best = self.early.update(metrics["bleu" if self.early.metric == "bleu" else "loss"])
-            if reporter:
-                reporter.valid(self.step, metrics)
             if best:
                 self.save_best()
         distributed.barrier(self.ctx)  # other ranks follow rank 0's stop decision (broadcast by train)
         return metrics
 
-    def valid_bleu(self) -> float:
+    def _validate_set(self, v: ValidSet) -> dict:
+        stats = StepStats()
+        with analysis.collecting() as analysis_stats:  # attention entropy, gate means …
+            for idx in ordered_batches(v.examples, self.cfg.train.batch_tokens):
+                batch = collate([v.examples[i] for i in idx], idx).to(self.ctx.device)
+                with self._autocast():
+                    _, s = self._losses(batch, training=False)
+                stats.add(s)
+        stats.add(analysis_stats)
+        metrics = summarize(stats.values)
+        if self.cfg.train.valid_bleu and v.docs:
+            metrics["bleu"] = self.valid_bleu(v)
+        return metrics
+
+    def valid_bleu(self, v: ValidSet) -> float:
+        """Sentence-level BLEU of a validation set translated (in context, for a document set) by the current model."""
         opts = translator_options(self.cfg.translate, beam=self.cfg.train.valid_beam, n_best=1)
         translator = Translator(self.model, self.codec, self.cfg, opts, self.ctx.device)
-        hyps = translator.translate_documents([[s for s, _ in d] for d in self.valid_docs])
-        refs = [[t for _, t in d] for d in self.valid_docs]
-        return report(hyps, refs, self.cfg.data.documents)["bleu"]
+        hyps = translator.translate_documents([[s for s, _ in d] for d in v.docs])
+        refs = [[t for _, t in d] for d in v.docs]
+        return report(hyps, refs, v.documents)["bleu"]
 
 
 def step_checkpoints(ckpt_dir: str) -> list[str]:
@@ -520,7 +584,7 @@ def config_changes(old: dict, new: dict, prefix: str = "") -> list[str]:
     return out
 
 
-def _as_tuple(value):
+def _as_tuple(value: object) -> object:
     """random.setstate needs tuples; a checkpoint may hand back lists."""
     return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
 

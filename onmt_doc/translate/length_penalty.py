@@ -18,7 +18,8 @@ import torch
 class LengthPenalty(Protocol):
     """Maps hypothesis lengths (tokens, ``<eos>`` counted) to the divisor of their log-probability."""
 
-    def __call__(self, length: torch.Tensor) -> torch.Tensor: ...
+    def __call__(self, length: torch.Tensor) -> torch.Tensor:
+        """Divisors, same shape as ``length``, so a search can apply any penalty to a whole beam at once."""
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class GNMTPenalty:
     alpha: float = 1.0
 
     def __call__(self, length: torch.Tensor) -> torch.Tensor:
+        """``((5 + length) / 6)^alpha``; alpha = 0 skips the power so the divisor is exactly 1."""
         return ((5.0 + length) / 6.0) ** self.alpha if self.alpha else torch.ones_like(length)
 
 
@@ -36,6 +38,7 @@ class AveragePenalty:
     """OpenNMT-py's ``avg``: ``|Y|``, so scores are mean log-probabilities per token."""
 
     def __call__(self, length: torch.Tensor) -> torch.Tensor:
+        """The lengths themselves (a copy: callers may divide in place)."""
         return length.clone()
 
 
@@ -44,6 +47,7 @@ class NoPenalty:
     """Raw log-probabilities (divisor 1)."""
 
     def __call__(self, length: torch.Tensor) -> torch.Tensor:
+        """Ones, so the ranking is by the raw log-probability sum."""
         return torch.ones_like(length)
 
 

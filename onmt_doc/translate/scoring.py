@@ -10,11 +10,12 @@ from typing import Sequence
 
 import torch
 
+from onmt_doc.data.batching import Batch
 from onmt_doc.data.vocab import EOS_ID, PAD_ID
 from onmt_doc.models.model import EncoderDecoder, full_log_probs
 
 
-def sentence_log_probs(model: EncoderDecoder, batch, sentences: Sequence[int]) -> list[list[float]]:
+def sentence_log_probs(model: EncoderDecoder, batch: Batch, sentences: Sequence[int]) -> list[list[float]]:
     """Per batch row, the summed log-probability of each of its ``sentences[row]`` target sentences.
 
     Sentence k owns its ``<s> … </s>`` tokens; the final ``<eos>`` counts for the last sentence, so

@@ -12,24 +12,33 @@ translation). Work per input is bounded: a source line longer than ``translate.m
 subwords is split at a word boundary, its pieces translated on their own and joined with a space;
 each sentence's output is capped at ``translate.max_length`` tokens; document models translate
 long documents in windows (``data.max_tokens``; HM-GDC: ``translate.window_sentences``).
+
+The Python API is this class: ``Translator.load(checkpoint, device=..., beam=...)``, then
+``translate(documents)`` (a document is a list of sentences; the same shape comes back),
+``nbest(documents)`` and ``score(documents, references)``. ``onmt_doc_translate`` and
+``onmt_doc_server`` are thin layers over it (docs/deploy.md).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
-from typing import IO, Callable, Iterable, Iterator, Optional, Sequence
+import os
+import re
+from dataclasses import asdict, dataclass, fields
+from typing import IO, Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import torch
 
-from onmt_doc.config import Config, TranslateConfig
-from onmt_doc.data.batching import collate, ordered_batches
+from onmt_doc.config import Config, TranslateConfig, config_from_dict
+from onmt_doc.data.batching import Batch, collate, ordered_batches
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import iter_parallel
-from onmt_doc.data.instances import Example, build_instances
+from onmt_doc.data.instances import Example, build_instances, unit_class
 from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, PAD_ID, SOS_ID
+from onmt_doc.errors import ConfigError, UserError
 from onmt_doc.models.model import EncoderDecoder
+from onmt_doc.registry import closest
 from onmt_doc.translate.scoring import sentence_log_probs
 from onmt_doc.translate.search import build_search
 
@@ -52,6 +61,7 @@ class TranslationStats:
     empty_filled: int = 0  # translations that decoded to no text, written as EMPTY_FILL
 
     def summary(self) -> str:
+        """What the final log line reports about repaired and split inputs."""
         return (
             f"{self.lines_split} long lines split, {self.docs_repaired} document outputs padded or "
             f"merged to the source's sentence count, {self.empty_filled} empty translations "
@@ -112,7 +122,59 @@ def _starts_word(tokens: Sequence[str], i: int, sentencepiece: bool) -> bool:
     return not (tokens[i - 1].endswith(_JOINER) or tokens[i].startswith(_JOINER))
 
 
+Documents = Sequence[Sequence[str]]
+
+
+def translator_options(
+    base: TranslateConfig, names: Optional[Mapping[str, str]] = None, **overrides: Any
+) -> TranslateConfig:
+    """``base`` (a checkpoint's translate section) with ``overrides`` (None = keep), checked by the
+    config loader like a YAML ``translate:`` section (types, minimums, ``n_best <= beam``), so the
+    API, the commands and the server refuse the same values with the same one-line messages.
+    ``names`` says how a message names an option (the command line: ``batch_sentences`` is
+    ``-batch_size``); an unknown option is a ConfigError with the closest name."""
+    known = [f.name for f in fields(TranslateConfig)]
+    for key in overrides:
+        if key not in known:
+            raise ConfigError(f"unknown translate option '{key}'{closest(key, known)}")
+    merged = {**asdict(base), **{k: v for k, v in overrides.items() if v is not None}}
+
+    def name(key: str) -> str:
+        return (names or {}).get(key, key)
+
+    try:
+        opts = config_from_dict({"translate": merged}, "translate options").translate
+    except ConfigError as e:
+        raise ConfigError(re.sub(r"\btranslate\.(\w+)", lambda m: name(m.group(1)), str(e))) from None
+    if opts.max_len_ratio <= 0:
+        raise ConfigError(f"translate options: {name('max_len_ratio')} must be positive, got {opts.max_len_ratio}")
+    return opts
+
+
+def check_documents(documents: Documents, what: str = "documents") -> None:
+    """In-memory input as the API takes it: a list of documents, each a list of one-line,
+    non-blank sentences (a blank line is a document break in files, not a sentence)."""
+    if isinstance(documents, (str, bytes)) or not isinstance(documents, Sequence):
+        raise UserError(f"{what}: expected a list of documents (lists of sentences), got {type(documents).__name__}")
+    for d, doc in enumerate(documents):
+        if isinstance(doc, (str, bytes)) or not isinstance(doc, Sequence):
+            raise UserError(
+                f"{what}[{d}]: expected a document (a list of sentences), got {type(doc).__name__}; "
+                f"to translate one document pass [sentences]"
+            )
+        for i, sent in enumerate(doc):
+            if not isinstance(sent, str):
+                raise UserError(f"{what}[{d}][{i}]: expected a sentence (str), got {type(sent).__name__}")
+            if not sent.strip():
+                raise UserError(f"{what}[{d}][{i}]: empty sentence (a document is a list of non-blank sentences)")
+            if len(sent.splitlines()) != 1:
+                raise UserError(f"{what}[{d}][{i}]: holds a line break; a sentence is one line")
+
+
 class Translator:
+    """Translate, n-best and score documents with one model (or an ensemble): streaming over
+    files for the commands, in memory for the API and the server."""
+
     def __init__(
         self,
         model: EncoderDecoder,
@@ -126,6 +188,69 @@ class Translator:
         self.device = device or next(model.parameters()).device
         self.search = build_search(self.opt)
         self.stats = TranslationStats()
+
+    @classmethod
+    def load(
+        cls,
+        checkpoint: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]],
+        device: Union[str, torch.device] = "auto",
+        option_names: Optional[Mapping[str, str]] = None,
+        **options: Any,
+    ) -> "Translator":
+        """A translator for a checkpoint (several: an ensemble, ``translate/ensemble.py``).
+
+        ``device``: ``auto`` (CUDA when there is one), ``cpu``, ``cuda``, ``cuda:N``; ``options``:
+        ``translate`` keys (docs/config.md) overriding the checkpoint's, e.g. ``beam=5``,
+        ``n_best=3``, ``dtype="bfloat16"``, ``batch_tokens=2048``. ``option_names``: how errors
+        name the options (the command line passes its flags)."""
+        from onmt_doc.models.checkpoint import load_model
+        from onmt_doc.train.distributed import pick_device
+
+        known = [f.name for f in fields(TranslateConfig)]
+        for key in options:  # before the (slow) load
+            if key not in known:
+                raise ConfigError(f"unknown translate option '{key}'{closest(key, known)}")
+        paths = [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint)
+        dev = (
+            pick_device(device, key=(option_names or {}).get("device", "device")) if isinstance(device, str) else device
+        )
+        if len(paths) == 1:
+            model, cfg, codec = load_model(os.fspath(paths[0]), dev)
+        else:
+            from onmt_doc.translate.ensemble import load_models
+
+            model, cfg, codec = load_models([os.fspath(p) for p in paths], dev)
+        opts = translator_options(cfg.translate, option_names, **options)
+        if len(paths) > 1:
+            model.average = opts.ensemble_average
+        model.to(getattr(torch, opts.dtype))
+        return cls(model, codec, cfg, opts, dev)
+
+    # ------------------------------------------------------------------ the API
+    def translate(self, documents: Documents) -> list[list[str]]:
+        """The best translation of every sentence: ``documents`` is a list of documents, each a
+        list of sentences; the result has the same shape (documents translated in context)."""
+        return [[fields[0][0] for fields in doc] for doc in self.nbest(documents)]
+
+    def nbest(self, documents: Documents) -> list[list[list[tuple[str, float]]]]:
+        """``n_best`` (text, score) pairs per sentence, best first. The score is the hypothesis'
+        log-probability divided by the length penalty (what the beam ranks by); a document model's
+        sentences share their document (window) hypothesis' score; a line translated in pieces
+        (``max_input_tokens``) sums its pieces' scores."""
+        check_documents(documents)
+        self.model.eval()
+        items = [[(s, None) for s in d] or None for d in documents]
+        return [out or [] for out in self._process(items, self._run_translation, with_target=False)]
+
+    def score(self, documents: Documents, references: Documents) -> list[list[float]]:
+        """Forced decoding: the log-probability of each reference sentence given its source
+        document, in the same shape (the numbers ``onmt_doc_translate -score`` prints)."""
+        check_documents(documents)
+        check_documents(references, "references")
+        if [len(d) for d in documents] != [len(r) for r in references]:
+            raise UserError("references: need one reference sentence per source sentence, document by document")
+        items = [list(zip(d, r)) or None for d, r in zip(documents, references)]
+        return [[float(x) for x in out] if out else [] for out in self.score_items(items, exact=True)]
 
     # ------------------------------------------------------------------ shared machinery
     def _split_long(self, ids: np.ndarray) -> list[np.ndarray]:
@@ -163,6 +288,7 @@ class Translator:
             data.max_tokens,
             max_sentences=self.opt.window_sentences or data.max_sentences,
             window_tokens=data.max_tokens,
+            context_sentences=data.context_sentences,
         )
         return examples
 
@@ -204,12 +330,18 @@ class Translator:
             yield None if d is None else self._join(outputs[d], pieces[d])
 
     @staticmethod
-    def _join(outputs: list[list[str]], counts: list[int]) -> list[str]:
-        """One line per input sentence: its pieces' fields joined with a space, fields with a tab."""
+    def _join(outputs: list[list], counts: list[int]) -> list[list]:
+        """The fields of each input sentence: a sentence translated in pieces gets, per n-best
+        field, its pieces' texts joined with a space and their scores summed."""
         lines, i = [], 0
         for c in counts:
             parts = outputs[i : i + c]
-            lines.append("\t".join(" ".join(p[j] for p in parts) for j in range(len(parts[0]))))
+            if c == 1:
+                lines.append(parts[0])
+            else:
+                lines.append(
+                    [(" ".join(p[j][0] for p in parts), sum(p[j][1] for p in parts)) for j in range(len(parts[0]))]
+                )
             i += c
         return lines
 
@@ -218,7 +350,7 @@ class Translator:
             yield idx, collate([examples[i] for i in idx], idx).to(self.device)
 
     @staticmethod
-    def _rows(idx, batch, examples: list[Example]) -> Iterator[tuple[Example, int, int]]:
+    def _rows(idx: list[int], batch: Batch, examples: list[Example]) -> Iterator[tuple[Example, int, int]]:
         """Per batch row: its instance, the document position of its first sentence and its
         number of sentences (a context instance has one row per sentence)."""
         for d, first in zip(batch.doc_index.tolist(), batch.first_sent.tolist()):
@@ -234,9 +366,10 @@ class Translator:
             return EMPTY_FILL
         return text
 
-    def _hypothesis_lines(self, hyps: list, n: int) -> list[list[str]]:
-        """[n sentences][n_best fields]: the sentences of each hypothesis, best first; when the
-        search finished fewer than n_best, the last one is repeated (fixed number of fields)."""
+    def _hypothesis_lines(self, hyps: list, n: int) -> list[list[tuple[str, float]]]:
+        """[n sentences][n_best fields] of (text, score): the sentences of each hypothesis, best
+        first; when the search finished fewer than n_best, the last one is repeated (fixed number
+        of fields)."""
         hyps = (hyps or [None])[: self.opt.n_best]
         hyps = hyps + [hyps[-1]] * (self.opt.n_best - len(hyps))
         fields = []
@@ -244,39 +377,79 @@ class Translator:
             sents = markup_sentences(h.tokens if h else [])
             if n > 1 and len(sents) != n:
                 self.stats.docs_repaired += 1
-            fields.append([self._text(s) for s in split_sentences(h.tokens if h else [], n)])
+            score = h.score if h else float("-inf")
+            fields.append([(self._text(s), score) for s in split_sentences(h.tokens if h else [], n)])
         return [[f[i] for f in fields] for i in range(n)]
 
     @torch.no_grad()
     def _run_translation(self, outputs: list[list], examples: list[Example]) -> Iterator[list[tuple[int, int]]]:
+        unit = unit_class(self.model.unit)
+        if unit.keep_last and self.opt.force_context_prefix:
+            yield from self._run_prefixed(outputs, examples)
+            return
         for idx, batch in self._batches(examples, by_source_only=True):
             done = []
             for (ex, first, n), hyps in zip(self._rows(idx, batch, examples), self.search.search(self.model, batch)):
+                if unit.keep_last:  # k_to_k: the example's translation is its last sentence
+                    outputs[ex.doc][first + n - 1] = self._hypothesis_lines(hyps, n)[-1]
+                    done.append((ex.doc, 1))
+                    continue
                 outputs[ex.doc][first : first + n] = self._hypothesis_lines(hyps, n)
                 done.append((ex.doc, n))
             yield done
 
-    def translate_items(self, items: Iterable[Optional[list]]) -> Iterator[Optional[list[str]]]:
-        """Translations of a stream of documents (lists of (src, _) pairs; None = blank line)."""
-        self.model.eval()
-        return self._process(items, self._run_translation, with_target=False)
+    def _run_prefixed(self, outputs: list[list], examples: list[Example]) -> Iterator[list[tuple[int, int]]]:
+        """``k_to_k`` with ``translate.force_context_prefix``: sentence by sentence within each
+        document (the i-th sentences of all buffered documents in one pass), each example's
+        previous sentences forced as the target prefix with the model's own (best) translations of
+        them, so only the last sentence is generated."""
+        best: dict[tuple[int, int], list[int]] = {}  # (document, sentence) -> marked output ids
+        waves: dict[int, list[Example]] = {}
+        for ex in examples:
+            waves.setdefault(ex.first + ex.n_sents - 1, []).append(ex)
+        for i in sorted(waves):
+            wave = waves[i]
+            for idx, batch in self._batches(wave, by_source_only=True):
+                rows = list(self._rows(idx, batch, wave))
+                context = [[t for j in range(first, first + n - 1) for t in best[ex.doc, j]] for ex, first, n in rows]
+                prefix = torch.full((len(rows), max(map(len, context))), PAD_ID, dtype=torch.long)
+                for r, ids in enumerate(context):
+                    prefix[r, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+                done = []
+                for (ex, first, n), hyps in zip(rows, self.search.search(self.model, batch, prefix=prefix)):
+                    outputs[ex.doc][first + n - 1] = self._hypothesis_lines(hyps, n)[-1]
+                    last = split_sentences(hyps[0].tokens, n)[-1] if hyps else []
+                    best[ex.doc, first + n - 1] = [SOS_ID, *last, EOS_SENT_ID]
+                    done.append((ex.doc, 1))
+                yield done
 
-    def translate_documents(self, docs: Sequence[Sequence[str]]) -> list[list[str]]:
-        """Translate in-memory documents (lists of source sentences)."""
+    def translate_items(self, items: Iterable[Optional[list]]) -> Iterator[Optional[list[str]]]:
+        """Translations of a stream of documents (lists of (src, _) pairs; None = blank line), as
+        output lines: the n-best texts of each sentence joined with a tab."""
+        self.model.eval()
+        for out in self._process(items, self._run_translation, with_target=False):
+            yield None if out is None else ["\t".join(text for text, _ in line) for line in out]
+
+    def translate_documents(self, docs: Documents) -> list[list[str]]:
+        """Translate in-memory documents (lists of source sentences) into output lines (n-best
+        fields tab-separated, as in files); :meth:`translate` gives the best only."""
         return list(self.translate_items([[(s, None) for s in d] for d in docs]))
 
     # ------------------------------------------------------------------ forced decoding
     @torch.no_grad()
-    def _run_scoring(
-        self, outputs: list[list], examples: list[Example], fmt: Callable[[float], str] = "{:.4f}".format
-    ) -> Iterator[list[tuple[int, int]]]:
+    def _run_scoring(self, outputs: list[list], examples: list[Example]) -> Iterator[list[tuple[int, int]]]:
+        keep_last = unit_class(self.model.unit).keep_last
         for idx, batch in self._batches(examples, by_source_only=False):
             rows = list(self._rows(idx, batch, examples))
             sums = sentence_log_probs(self.model, batch, [n for _, _, n in rows])
             done = []
             for (ex, first, n), row_sums in zip(rows, sums):
+                if keep_last:  # k_to_k: the score of the example's last sentence, given the others
+                    outputs[ex.doc][first + n - 1] = float(row_sums[n - 1])
+                    done.append((ex.doc, 1))
+                    continue
                 for j in range(n):
-                    outputs[ex.doc][first + j] = [fmt(row_sums[j])]
+                    outputs[ex.doc][first + j] = float(row_sums[j])
                 done.append((ex.doc, n))
             yield done
 
@@ -286,9 +459,8 @@ class Translator:
         which reads back to the same float) for callers that compare scores, else 4 decimals."""
         self.model.eval()
         fmt = repr if exact else "{:.4f}".format
-        return self._process(
-            items, lambda outputs, examples: self._run_scoring(outputs, examples, fmt), with_target=True
-        )
+        for out in self._process(items, self._run_scoring, with_target=True):
+            yield None if out is None else [fmt(x) for x in out]
 
     # ------------------------------------------------------------------ files
     def run_files(
@@ -307,7 +479,7 @@ class Translator:
         if not score:
             refs: list[list[str]] = []
 
-            def keep_refs(stream):
+            def keep_refs(stream: Iterator) -> Iterator:
                 for item in stream:
                     if item and tgt:
                         refs.append([t for _, t in item])
@@ -331,8 +503,3 @@ class Translator:
         if tgt and not score:
             return hyp_docs, refs
         return None
-
-
-def translator_options(base: TranslateConfig, **overrides) -> TranslateConfig:
-    """The stored translate section with command-line overrides (None = keep)."""
-    return replace(base, **{k: v for k, v in overrides.items() if v is not None})

@@ -1,0 +1,80 @@
+"""Import an OpenNMT-py 3.x Transformer checkpoint as an onmt_doc checkpoint, so a sentence model
+trained there translates here or initialises a document model (``train.init_from``).
+
+onmt_doc_import_opennmt -model onmt_model_step_N.pt -output model.pt -src_subword_model subword.model
+
+The subword model(s) and tokenizer mode are those the OpenNMT-py model's training data was
+tokenized with (its checkpoint does not carry them). Every parameter is mapped by name; an
+architecture onmt_doc does not have is refused in one line (docs/deploy.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional
+
+from onmt_doc.bin.common import ArgumentParser, run
+from onmt_doc.convert.opennmt import import_opennmt
+
+
+def _main(argv: Optional[list[str]] = None) -> int:
+    p = ArgumentParser(
+        prog="onmt_doc_import_opennmt", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("-model", "--model", required=True, help="OpenNMT-py 3.x checkpoint (transformer/transformer)")
+    p.add_argument("-output", "--output", required=True, help="onmt_doc checkpoint to write")
+    p.add_argument("-src_subword_model", "--src_subword_model", default=None, help="BPE or SentencePiece model")
+    p.add_argument(
+        "-tgt_subword_model", "--tgt_subword_model", default=None, help="target-side model (default: the source's)"
+    )
+    p.add_argument(
+        "-subword_type",
+        "--subword_type",
+        default="bpe",
+        choices=["bpe", "sentencepiece", "none"],
+        help="kind of the subword model(s); none: text is split on spaces only",
+    )
+    p.add_argument(
+        "-tokenizer",
+        "--tokenizer",
+        default="aggressive",
+        choices=["aggressive", "conservative", "space", "char", "none"],
+        help="pyonmttok mode (with joiners) the training data was tokenized with; ignored by SentencePiece",
+    )
+    p.add_argument(
+        "-run_dir",
+        "--run_dir",
+        default=None,
+        help="also write the subword model(s) and vocabularies here, as a run folder (log.dir) holds them, "
+        "to fine-tune the model with train.init_from",
+    )
+    p.add_argument("-force", "--force", action="store_true", help="overwrite -output if it exists")
+    args = p.parse_args(argv)
+    payload = import_opennmt(
+        args.model,
+        args.output,
+        args.src_subword_model,
+        args.tgt_subword_model,
+        args.subword_type,
+        args.tokenizer,
+        args.force,
+        args.run_dir,
+    )
+    m = payload["config"]["model"]
+    print(
+        f"imported {args.model} to {args.output}: d_model {m['d_model']}, "
+        f"{m['encoder']['layers']}+{m['decoder']['layers']} layers, "
+        f"{len(payload['codec']['tgt_vocab'])} target entries",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Console script ``onmt_doc_import_opennmt``: user errors become one line and exit 2."""
+    return run(_main, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

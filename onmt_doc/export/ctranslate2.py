@@ -1,0 +1,277 @@
+"""Export a sentence-level Transformer to CTranslate2 (its Python spec API, ``ctranslate2.specs``).
+
+CTranslate2's ``TransformerSpec`` is the same network as our ``transformer`` encoder + decoder:
+embeddings scaled by sqrt(d) plus sinusoidal positions from 0 (we pass our own table, so the
+interleaved sin/cos layout is kept exactly), fused q/k/v (self-attention) and k/v (cross-attention)
+projections in our row order, ReLU feed-forward, pre-norm with a final layer norm or post-norm,
+layer norm eps 1e-5 (``nn.LayerNorm``'s default; CTranslate2's default is 1e-6, so it is set).
+
+Our markup is kept: a source sentence is ``<s> w1 … wn </s>``; the decoder starts from ``<bos>``,
+``<s>`` is the forced first target token and ``</s>`` (then ``<eos>``) ends a sentence
+(onmt_doc/data/vocab.py). :func:`translation_options` and :func:`source_tokens` give what a
+CTranslate2 caller needs to decode as onmt_doc's search does; ``onmt_doc_export.json`` and the
+README beside the model say the same for callers without onmt_doc.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+
+from onmt_doc.data.codec import Codec
+from onmt_doc.data.tokenizer import Subword
+from onmt_doc.data.vocab import BOS, EOS, EOS_SENT, MASK, PAD, SOS, UNK
+from onmt_doc.decoders.transformer import TransformerDecoder, TransformerDecoderLayer
+from onmt_doc.encoders.transformer import TransformerEncoder, TransformerEncoderLayer
+from onmt_doc.errors import UserError
+from onmt_doc.models.checkpoint import load_model
+from onmt_doc.models.model import EncoderDecoder
+from onmt_doc.modules.attention import MultiHeadAttention
+from onmt_doc.modules.embeddings import sinusoid_table
+
+QUANTIZATIONS = ("float32", "float16", "bfloat16", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16")
+INFO_FILE = "onmt_doc_export.json"
+LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, used by every norm of our Transformer
+
+
+def import_ctranslate2() -> Any:
+    """The ``ctranslate2`` module, or a one-line error saying how to install the optional extra."""
+    try:
+        import ctranslate2
+    except ImportError:
+        raise UserError("ctranslate2 is not installed; install the export extra: pip install -e '.[export]'") from None
+    return ctranslate2
+
+
+def check_exportable(model: EncoderDecoder) -> None:
+    """Only the plain sentence-level ``transformer`` encoder + ``transformer`` decoder have a
+    CTranslate2 counterpart; anything else is named in a one-line error."""
+    enc, dec = type(model.encoder), type(model.decoder)
+    if enc is not TransformerEncoder:
+        raise UserError(
+            f"encoder {enc.__name__} is not exportable to CTranslate2: only the sentence-level "
+            "`transformer` encoder + `transformer` decoder are"
+        )
+    if dec is not TransformerDecoder:
+        raise UserError(
+            f"decoder {dec.__name__} is not exportable to CTranslate2: only the sentence-level "
+            "`transformer` encoder + `transformer` decoder are"
+        )
+    if model.unit != "sentence":
+        raise UserError(f"a model of translation unit {model.unit!r} is not exportable to CTranslate2")
+
+
+class _Weights:
+    """Hands out parameters by name and remembers which were used, so a parameter that the
+    export does not map (a future addition to the Transformer) is an error, not silently lost."""
+
+    def __init__(self, model: EncoderDecoder) -> None:
+        self.model = model
+        self.used: set[int] = set()
+
+    def take(self, p: torch.Tensor) -> np.ndarray:
+        self.used.add(id(p))
+        return p.detach().float().cpu().numpy().copy()
+
+    def linear(self, spec: Any, layer: torch.nn.Linear) -> None:
+        spec.weight = self.take(layer.weight)
+        spec.bias = self.take(layer.bias)
+
+    def norm(self, spec: Any, norm: torch.nn.Module) -> None:
+        if not isinstance(norm, torch.nn.LayerNorm) or abs(norm.eps - LAYER_NORM_EPS) > 1e-12:
+            raise UserError(f"layer norm {norm!r} is not exportable (expected LayerNorm with eps {LAYER_NORM_EPS})")
+        spec.gamma = self.take(norm.weight)
+        spec.beta = self.take(norm.bias)
+
+    def attention(self, spec: Any, attn: MultiHeadAttention) -> None:
+        if attn.self_attention:  # linear[0]: fused q/k/v (rows q, k, v as ours), linear[1]: output
+            self.linear(spec.linear[0], attn.qkv)
+            self.linear(spec.linear[1], attn.out)
+        else:  # linear[0]: q, linear[1]: fused k/v (rows k, v), linear[2]: output
+            self.linear(spec.linear[0], attn.q)
+            self.linear(spec.linear[1], attn.kv)
+            self.linear(spec.linear[2], attn.out)
+
+    def ffn(self, spec: Any, layer: Any) -> None:
+        self.norm(spec.layer_norm, layer.ff_res.norm)
+        self.linear(spec.linear_0, layer.ff.w1)
+        self.linear(spec.linear_1, layer.ff.w2)
+
+    def unused(self) -> list[str]:
+        return [n for n, p in self.model.named_parameters() if id(p) not in self.used]
+
+
+def build_spec(model: EncoderDecoder, codec: Codec, max_positions: int) -> Any:
+    """A validated ``ctranslate2.specs.TransformerSpec`` holding ``model``'s weights (float32)."""
+    ct2 = import_ctranslate2()
+    from ctranslate2.specs import transformer_spec
+
+    check_exportable(model)
+    enc, dec = model.encoder, model.decoder
+    enc_pre = enc.layers[0].attn_res.pre_norm if len(enc.layers) else True
+    dec_pre = dec.layers[0].self_res.pre_norm if len(dec.layers) else True
+    enc_spec = transformer_spec.TransformerEncoderSpec(len(enc.layers), enc.layers[0].self_attn.heads, pre_norm=enc_pre)
+    dec_spec = transformer_spec.TransformerDecoderSpec(len(dec.layers), dec.layers[0].self_attn.heads, pre_norm=dec_pre)
+    spec = transformer_spec.TransformerSpec(enc_spec, dec_spec)
+    w = _Weights(model)
+    # E[x]·sqrt(d) + PE (Vaswani et al., 2017, sec. 3.5): scale_embeddings is the spec's default;
+    # our position table (interleaved sin/cos, positions from 0) replaces CTranslate2's own.
+    table = sinusoid_table(max_positions, enc.embeddings.d_model).numpy()
+    for side, s, module in (("encoder", enc_spec, enc), ("decoder", dec_spec, dec)):
+        if not s.scale_embeddings:
+            raise UserError(f"ctranslate2 {ct2.__version__}: {side} spec does not scale embeddings")
+        s.position_encodings.encodings = table
+        if module.embeddings.positions is None:
+            raise UserError(f"{side} without sinusoidal positions is not exportable to CTranslate2")
+    enc_spec.embeddings[0].weight = w.take(enc.embeddings.tokens.weight)
+    for layer_spec, layer in zip(enc_spec.layer, enc.layers):
+        assert isinstance(layer, TransformerEncoderLayer)
+        w.attention(layer_spec.self_attention, layer.self_attn)
+        w.norm(layer_spec.self_attention.layer_norm, layer.attn_res.norm)
+        w.ffn(layer_spec.ffn, layer)
+        if layer.attn_res.pre_norm != enc_pre or layer.ff_res.pre_norm != enc_pre:
+            raise UserError("an encoder mixing pre- and post-norm layers is not exportable to CTranslate2")
+    if enc_pre:
+        w.norm(enc_spec.layer_norm, enc.final_norm)
+    dec_spec.embeddings.weight = w.take(dec.embeddings.tokens.weight)
+    for layer_spec, layer in zip(dec_spec.layer, dec.layers):
+        assert isinstance(layer, TransformerDecoderLayer)
+        w.attention(layer_spec.self_attention, layer.self_attn)
+        w.norm(layer_spec.self_attention.layer_norm, layer.self_res.norm)
+        w.attention(layer_spec.attention, layer.cross_attn)
+        w.norm(layer_spec.attention.layer_norm, layer.cross_res.norm)
+        w.ffn(layer_spec.ffn, layer)
+        if {layer.self_res.pre_norm, layer.cross_res.pre_norm, layer.ff_res.pre_norm} != {dec_pre}:
+            raise UserError("a decoder mixing pre- and post-norm layers is not exportable to CTranslate2")
+    if dec_pre:
+        w.norm(dec_spec.layer_norm, dec.final_norm)
+    w.linear(dec_spec.projection, model.generator)
+    unused = w.unused()
+    if unused:
+        raise UserError(f"parameters not exportable to CTranslate2: {', '.join(unused[:5])}")
+    spec.register_source_vocabulary(list(codec.src_vocab.itos))
+    spec.register_target_vocabulary(list(codec.tgt_vocab.itos))
+    spec.config.unk_token = UNK
+    spec.config.bos_token = BOS
+    spec.config.eos_token = EOS
+    spec.config.decoder_start_token = BOS
+    spec.config.add_source_bos = False  # our <s> … </s> markup is added by source_tokens()
+    spec.config.add_source_eos = False
+    spec.config.layer_norm_epsilon = LAYER_NORM_EPS
+    spec.validate()
+    return spec
+
+
+def export_ctranslate2(
+    checkpoint: str, output: str, quantization: Optional[str] = None, force: bool = False, max_positions: int = 1024
+) -> dict:
+    """Write a CTranslate2 model of ``checkpoint`` into ``output``, with the subword model(s), the
+    tokenization settings (``onmt_doc_export.json``) and a README; returns the settings."""
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise UserError(f"-quantization must be one of {', '.join(QUANTIZATIONS)} (got {quantization!r})")
+    if max_positions < 2:
+        raise UserError(f"-max_positions must be at least 2 (got {max_positions})")
+    if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
+        if not force:
+            raise UserError(f"{output} exists and is not an empty folder; add -force to overwrite it")
+        shutil.rmtree(output) if os.path.isdir(output) else os.remove(output)
+    model, cfg, codec = load_model(checkpoint)
+    spec = build_spec(model, codec, max_positions)
+    spec.optimize(quantization=quantization)
+    os.makedirs(output, exist_ok=True)
+    spec.save(output)
+    info = export_info(codec, quantization or "float32", max_positions)
+    for side, subword in (("source", codec.src_subword), ("target", codec.tgt_subword)):
+        name = info["tokenization"][side]["subword_model"]
+        if name:
+            subword.save(os.path.join(output, name))
+    with open(os.path.join(output, INFO_FILE), "w", encoding="utf-8") as f:
+        json.dump(info, f, indent=2, sort_keys=True)
+        f.write("\n")
+    with open(os.path.join(output, "README.md"), "w", encoding="utf-8") as f:
+        f.write(_readme(info))
+    return info
+
+
+def _tokenizer_settings(subword: Subword, name: str) -> dict:
+    """pyonmttok ``Tokenizer`` arguments that reproduce :class:`Subword` (onmt_doc/data/tokenizer.py)."""
+    mode, options = Subword._options(subword.kind, subword.mode)
+    if subword.kind != "none" and subword.model is not None:
+        options = {**options, ("sp_model_path" if subword.kind == "sentencepiece" else "bpe_model_path"): name}
+    return {"kind": subword.kind, "subword_model": name if subword.model is not None else None,
+            "pyonmttok_mode": mode, "pyonmttok_options": options}  # fmt: skip
+
+
+def export_info(codec: Codec, quantization: str, max_positions: int) -> dict:
+    """How to tokenize and decode with the exported model (written as ``onmt_doc_export.json``)."""
+    same = codec.src_subword.to_dict() == codec.tgt_subword.to_dict()
+    src_name = "subword.model" if same else "source_subword.model"
+    tgt_name = "subword.model" if same else "target_subword.model"
+    return {
+        "format": "onmt_doc CTranslate2 export 1",
+        "quantization": quantization,
+        "max_positions": max_positions,
+        "tokenization": {
+            "source": _tokenizer_settings(codec.src_subword, src_name),
+            "target": _tokenizer_settings(codec.tgt_subword, tgt_name),
+        },
+        "source_markup": {"prefix": [SOS], "suffix": [EOS_SENT]},
+        "translate_options": translation_options(max_positions),
+    }
+
+
+def translation_options(max_positions: int = 1024) -> dict:
+    """``Translator.translate_batch`` keyword arguments that decode as onmt_doc's search does for a
+    sentence (onmt_doc/translate/search.py): ``<s>`` forced first, stop at ``</s>`` (after which
+    ``<eos>`` is forced) or ``<eos>``, never ``<pad>``/``<bos>``/``<mask>`` or a second ``<s>``, and at
+    least one token after ``<s>`` (no empty sentence). Use with ``target_prefix=[["<s>"]] * n``."""
+    return {
+        "end_token": [EOS_SENT, EOS],
+        "suppress_sequences": [[PAD], [BOS], [MASK], [SOS]],
+        "min_decoding_length": 2,  # counts the <s> prefix: <s> and one word before </s> may end it
+        "max_decoding_length": min(250, max_positions - 1),
+    }
+
+
+def source_tokens(tokens: Sequence[str]) -> list[str]:
+    """A tokenized source sentence with our markup, ``<s> … </s>``."""
+    return [SOS, *tokens, EOS_SENT]
+
+
+def target_words(tokens: Sequence[str]) -> list[str]:
+    """A CTranslate2 output without its ``<s>`` prefix and any markup, ready to detokenize."""
+    return [t for t in tokens if t not in (PAD, SOS, EOS_SENT, BOS, EOS, MASK)]
+
+
+def _readme(info: dict) -> str:
+    src, tgt = info["tokenization"]["source"], info["tokenization"]["target"]
+    return f"""# CTranslate2 model exported by onmt_doc
+
+Quantization: {info["quantization"]}. Tokenization (pyonmttok): source `Tokenizer("{src["pyonmttok_mode"]}",
+**{src["pyonmttok_options"]!r})`, target `Tokenizer("{tgt["pyonmttok_mode"]}",
+**{tgt["pyonmttok_options"]!r})` (paths relative to this folder).
+
+Each source sentence is `<s> tokens… </s>`. Translate with `target_prefix=[["<s>"]]` per sentence and
+the options of `onmt_doc_export.json` (`translate_options`), drop the `<s>` of the output, detokenize:
+
+```python
+import ctranslate2, pyonmttok
+tok = pyonmttok.Tokenizer("{src["pyonmttok_mode"]}", **{src["pyonmttok_options"]!r})
+detok = pyonmttok.Tokenizer("{tgt["pyonmttok_mode"]}", **{tgt["pyonmttok_options"]!r})
+tr = ctranslate2.Translator(".", device="cpu", inter_threads=1, intra_threads=1)
+src = [["<s>", *tok.tokenize(line)[0], "</s>"] for line in ["Hello world ."]]
+out = tr.translate_batch(src, target_prefix=[["<s>"]] * len(src), beam_size=4,
+                         end_token={info["translate_options"]["end_token"]!r},
+                         suppress_sequences={info["translate_options"]["suppress_sequences"]!r},
+                         min_decoding_length=2, max_decoding_length={info["translate_options"]["max_decoding_length"]})
+print([detok.detokenize([t for t in r.hypotheses[0] if t != "<s>"]) for r in out])
+```
+
+Position encodings cover {info["max_positions"]} positions (source or target, markup included);
+export again with a larger `-max_positions` for longer inputs.
+"""

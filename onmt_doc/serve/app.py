@@ -1,0 +1,243 @@
+"""The HTTP interface of ``onmt_doc_server``: a Flask app over one batching worker per model.
+
+Endpoints (JSON in, JSON out; docs/deploy.md has curl examples):
+
+- ``GET /health``: ``{"status": "ok", "models": [...], "in_flight": n, "requests": N, "batches": M,
+  "max_batch_requests": K}`` (requests being translated; served so far; translator calls; the most
+  requests one call translated together).
+- ``GET /models``: per model its name, checkpoint, unit, encoder/decoder types, vocabulary sizes,
+  translate options; the default model and the request limits.
+- ``POST /translate``: ``{"model": NAME (optional), "documents": [[sentence, ...], ...]}`` →
+  ``{"model": NAME, "translations": [[...], ...]}``; ``{"document": [...]}`` (one document) →
+  ``{"translation": [...]}``. ``"scores": true`` adds each best hypothesis' score;
+  ``"n_best": k`` (at most the server's ``-n_best``) adds ``k`` ``{"text", "score"}`` per sentence.
+
+Errors are ``{"error": "one line"}``: 400 malformed JSON or shape, or a bad option value; 404
+unknown model or path; 405 wrong method; 413 for every size limit (body over ``max_request_bytes``,
+more than ``max_sentences`` sentences, a sentence over ``max_sentence_chars`` characters); 503 while
+the server stops; 500 for a bug (logged with its traceback).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
+
+from flask import Flask, Response, request
+from werkzeug.exceptions import HTTPException
+
+from onmt_doc.errors import UserError
+from onmt_doc.registry import closest
+from onmt_doc.serve.batcher import Batcher, NBest
+from onmt_doc.translate.translator import Translator, check_documents
+
+log = logging.getLogger("onmt_doc")
+
+REQUEST_KEYS = ("model", "documents", "document", "n_best", "scores")
+
+
+@dataclass
+class Limits:
+    """Per-request limits; each over-limit request is refused with 413 before any translation."""
+
+    max_request_bytes: int = 1_000_000
+    max_sentences: int = 1000
+    max_sentence_chars: int = 2000
+
+
+@dataclass
+class ServedModel:
+    """A loaded model, the worker that alone uses its translator, and where it came from."""
+
+    name: str
+    checkpoint: str
+    translator: Translator
+    batcher: Batcher
+
+    def info(self) -> dict:
+        """What GET /models tells a client about this model: enough to pick one and to know its limits."""
+        t = self.translator
+        model = t.cfg.model
+        return {
+            "name": self.name,
+            "checkpoint": self.checkpoint,
+            "unit": t.model.unit,
+            "encoder": model.encoder.type,
+            "decoder": model.decoder.type,
+            "d_model": model.d_model,
+            "src_vocab_size": len(t.codec.src_vocab),
+            "tgt_vocab_size": len(t.codec.tgt_vocab),
+            "device": str(t.device),
+            "translate": asdict(t.opt),
+        }
+
+
+class ApiError(Exception):
+    """A refused request: HTTP status and a one-line message."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def _json(body: dict, status: int = 200) -> Response:
+    return Response(json.dumps(body, ensure_ascii=False), status=status, mimetype="application/json")
+
+
+def _number(x: float) -> Optional[float]:
+    """JSON has no infinities: a hypothesis the search could not finish has no score (null)."""
+    return x if math.isfinite(x) else None
+
+
+class ServerState:
+    """What the handlers share: the models, the limits, and whether the server is stopping."""
+
+    def __init__(self, models: dict[str, ServedModel], default: str, limits: Limits):
+        self.models, self.default, self.limits = models, default, limits
+        self.draining = False
+        self.in_flight = 0
+        self._lock = threading.Lock()
+
+    def enter(self) -> None:
+        """Count a request in (refused once draining), so shutdown can wait for it."""
+        with self._lock:
+            if self.draining:
+                raise ApiError(503, "the server is stopping")
+            self.in_flight += 1
+
+    def leave(self) -> None:
+        """Count a request out; the drain waits for the count to reach zero."""
+        with self._lock:
+            self.in_flight -= 1
+
+
+def parse_request(body: bytes, state: ServerState) -> tuple[ServedModel, list[list[str]], bool, int, bool]:
+    """A /translate body checked against shape and limits: (model, documents, one document given,
+    n_best fields asked (0 = none), scores asked)."""
+    try:
+        data = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ApiError(400, f"malformed JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, f"expected a JSON object with 'documents' or 'document', got {type(data).__name__}")
+    for key in data:
+        if key not in REQUEST_KEYS:
+            raise ApiError(400, f"unknown key '{key}'{closest(key, list(REQUEST_KEYS))}")
+    name = data.get("model", state.default)
+    if not isinstance(name, str):
+        raise ApiError(400, f"'model' must be a string, got {type(name).__name__}")
+    if name not in state.models:
+        raise ApiError(404, f"unknown model '{name}'{closest(name, list(state.models))}; see GET /models")
+    model = state.models[name]
+    if ("documents" in data) == ("document" in data):
+        raise ApiError(400, "give either 'documents' (a list of documents) or 'document' (a list of sentences)")
+    single = "document" in data
+    documents = [data["document"]] if single else data["documents"]
+    try:
+        check_documents(documents, "document" if single else "documents")
+    except UserError as e:
+        raise ApiError(400, str(e).replace("document[0]", "document")) from None
+    limits = state.limits
+    n_sentences = sum(len(d) for d in documents)
+    if n_sentences > limits.max_sentences:
+        raise ApiError(413, f"{n_sentences} sentences in one request; the limit is {limits.max_sentences}")
+    for d, doc in enumerate(documents):
+        for i, sentence in enumerate(doc):
+            if len(sentence) > limits.max_sentence_chars:
+                where = f"document[{i}]" if single else f"documents[{d}][{i}]"
+                raise ApiError(
+                    413, f"{where}: {len(sentence)} characters; the limit is {limits.max_sentence_chars} per sentence"
+                )
+    n_best = data.get("n_best", 0)
+    most = model.translator.opt.n_best
+    if isinstance(n_best, bool) or not isinstance(n_best, int) or not 0 <= n_best <= most:
+        raise ApiError(400, f"'n_best' must be an integer from 1 to {most} (the server's -n_best), got {n_best!r}")
+    scores = data.get("scores", False)
+    if not isinstance(scores, bool):
+        raise ApiError(400, f"'scores' must be true or false, got {scores!r}")
+    return model, documents, single, n_best, scores
+
+
+def response_body(name: str, out: NBest, single: bool, n_best: int, scores: bool) -> dict:
+    """The reply: translations in the request's shape, plus the n-best and scores when asked."""
+    translations = [[fields[0][0] for fields in doc] for doc in out]
+    body: dict[str, Any] = {"model": name, "translations": translations}
+    if scores:
+        body["scores"] = [[_number(fields[0][1]) for fields in doc] for doc in out]
+    if n_best:
+        body["n_best"] = [
+            [[{"text": text, "score": _number(score)} for text, score in fields[:n_best]] for fields in doc]
+            for doc in out
+        ]
+    if single:  # {"document": [...]} -> {"translation": [...]}, scores and n_best of that document
+        body = {("translation" if k == "translations" else k): v if k == "model" else v[0] for k, v in body.items()}
+    return body
+
+
+def create_app(state: ServerState) -> Flask:
+    """The Flask app over ``state`` (its models may be filled in after the app is made)."""
+    app = Flask("onmt_doc.serve")
+    app.config["MAX_CONTENT_LENGTH"] = state.limits.max_request_bytes
+
+    @app.errorhandler(ApiError)
+    def api_error(e: ApiError) -> Response:
+        return _json({"error": str(e)}, e.status)
+
+    @app.errorhandler(HTTPException)
+    def http_error(e: HTTPException) -> Response:
+        message = e.description or e.name
+        if e.code == 413:
+            message = f"request body over the limit of {state.limits.max_request_bytes} bytes (-max_request_bytes)"
+        return _json({"error": message}, e.code or 500)
+
+    @app.errorhandler(Exception)
+    def bug(e: Exception) -> Response:
+        log.exception("request failed")
+        return _json({"error": f"internal error: {type(e).__name__}: {e}"}, 500)
+
+    @app.get("/health")
+    def health() -> Response:
+        stats = [m.batcher.stats for m in state.models.values()]
+        return _json(
+            {
+                "status": "stopping" if state.draining else "ok",
+                "models": list(state.models),
+                "in_flight": state.in_flight,
+                "requests": sum(s.requests for s in stats),
+                "batches": sum(s.batches for s in stats),
+                "max_batch_requests": max((s.max_batch_requests for s in stats), default=0),
+            }
+        )
+
+    @app.get("/models")
+    def models() -> Response:
+        return _json(
+            {
+                "default": state.default,
+                "models": [m.info() for m in state.models.values()],
+                "limits": asdict(state.limits),
+            }
+        )
+
+    @app.post("/translate")
+    def translate() -> Response:
+        body = request.get_data(cache=False)  # over MAX_CONTENT_LENGTH: 413 before reading
+        model, documents, single, n_best, scores = parse_request(body, state)
+        state.enter()
+        try:
+            out = model.batcher.translate(documents)
+        except UserError as e:
+            raise ApiError(400, str(e)) from None
+        except RuntimeError as e:
+            if model.batcher.stopping:
+                raise ApiError(503, "the server is stopping") from None
+            raise e
+        finally:
+            state.leave()
+        return _json(response_body(model.name, out, single, n_best, scores))
+
+    return app

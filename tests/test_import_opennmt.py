@@ -1,0 +1,285 @@
+"""OpenNMT-py import: a tiny OpenNMT-py 3.x checkpoint (built here from a state dict with its names and
+shapes, not by running OpenNMT-py) imports, and our forced-decoding log-probabilities equal those of an
+independent plain-torch implementation of OpenNMT-py's pre-norm Transformer; other architectures,
+unmapped parameters and unsafe pickles are refused in one line."""
+
+from __future__ import annotations
+
+import argparse
+import fractions
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import module_cmd, run_cli
+
+from onmt_doc.convert.opennmt import import_opennmt
+from onmt_doc.data.batching import collate
+from onmt_doc.data.instances import sentence_instances
+from onmt_doc.errors import UserError
+from onmt_doc.models.checkpoint import load_model
+from onmt_doc.models.model import full_log_probs
+
+D, HEADS, FF, ENC, DEC, EPS = 16, 2, 24, 2, 2, 1e-6
+WORDS = [f"w{i}" for i in range(13)]
+ONMT_VOCAB = ["<unk>", "<blank>", "<s>", "</s>", *WORDS, "averyunlikelytoken0"]  # 3.x order, padded to x8
+
+
+def _opt(**over) -> argparse.Namespace:
+    opt = dict(
+        model_task="seq2seq", encoder_type="transformer", decoder_type="transformer", enc_layers=ENC,
+        dec_layers=DEC, enc_hid_size=D, dec_hid_size=D, src_word_vec_size=D, tgt_word_vec_size=D, heads=HEADS,
+        transformer_ff=FF, dropout=[0.1], attention_dropout=[0.1], position_encoding=True,
+        position_encoding_type="SinusoidalInterleaved", max_relative_positions=0, layer_norm="standard",
+        norm_eps=EPS, pos_ffn_activation_fn="relu", parallel_residual=False, num_kv=0, num_experts=0,
+        self_attn_type="scaled-dot", copy_attn=False, add_qkvbias=False, add_ffnbias=True,
+        share_embeddings=True, share_decoder_embeddings=True,
+    )  # fmt: skip
+    opt.update(over)
+    return argparse.Namespace(**opt)
+
+
+def _state(shared: bool, tied: bool, qkv_bias: bool, seed: int = 0) -> tuple[dict, dict]:
+    """OpenNMT-py 3.5 parameter names and shapes (onmt/encoders/transformer.py, decoders/transformer.py,
+    modules/multi_headed_attn.py, position_ffn.py, embeddings.py), random values."""
+    g = torch.Generator().manual_seed(seed)
+    V = len(ONMT_VOCAB)
+
+    def r(*shape, scale=0.3):
+        return torch.randn(*shape, generator=g) * scale
+
+    sd: dict[str, torch.Tensor] = {}
+
+    def linear(name, n_out, n_in, bias):
+        sd[f"{name}.weight"] = r(n_out, n_in)
+        if bias:
+            sd[f"{name}.bias"] = r(n_out, scale=0.1)
+
+    def norm(name):
+        sd[f"{name}.weight"] = 1 + r(D, scale=0.1)
+        sd[f"{name}.bias"] = r(D, scale=0.1)
+
+    def attn(prefix):
+        for n in ("linear_keys", "linear_values", "linear_query", "final_linear"):
+            linear(f"{prefix}.{n}", D, D, qkv_bias)
+
+    def ffn(prefix):
+        linear(f"{prefix}.w_1", FF, D, True)
+        linear(f"{prefix}.w_2", D, FF, True)
+        norm(f"{prefix}.layer_norm")
+
+    pe = torch.zeros(5000, D)  # the buffer OpenNMT-py saves, (len, 1, dim)
+    pos = torch.arange(5000.0)[:, None]
+    div = torch.exp(torch.arange(0, D, 2).float() * -(math.log(10000.0) / D))
+    pe[:, 0::2], pe[:, 1::2] = torch.sin(pos * div), torch.cos(pos * div)
+    emb = r(V, D)
+    emb[1] = 0  # <blank> is the padding_idx
+    for side in ("encoder", "decoder"):
+        if side == "decoder" and not shared:
+            emb = r(V, D)
+            emb[1] = 0
+        sd[f"{side}.embeddings.make_embedding.emb_luts.0.weight"] = emb
+        sd[f"{side}.embeddings.make_embedding.pe.pe"] = pe[:, None, :].clone()
+    for i in range(ENC):
+        attn(f"encoder.transformer.{i}.self_attn")
+        norm(f"encoder.transformer.{i}.layer_norm")
+        ffn(f"encoder.transformer.{i}.feed_forward")
+    norm("encoder.layer_norm")
+    for i in range(DEC):
+        p = f"decoder.transformer_layers.{i}"
+        attn(f"{p}.self_attn")
+        norm(f"{p}.layer_norm_1")
+        attn(f"{p}.context_attn")
+        norm(f"{p}.layer_norm_2")
+        ffn(f"{p}.feed_forward")
+    norm("decoder.layer_norm")
+    dec_emb = sd["decoder.embeddings.make_embedding.emb_luts.0.weight"]
+    gen = {"weight": dec_emb if tied else r(V, D), "bias": r(V, scale=0.5)}
+    return sd, gen
+
+
+def _write(path: Path, sd: dict, gen: dict, opt: argparse.Namespace, tgt_vocab: list[str] = ONMT_VOCAB) -> Path:
+    vocab = {"src": ONMT_VOCAB, "tgt": tgt_vocab, "data_task": "seq2seq", "decoder_start_token": "<s>"}
+    optim = {"optimizer": {"state": {}, "param_groups": [{"lr": 1.0, "params": [0]}]}, "training_step": 3}
+    torch.save({"model": sd, "generator": gen, "vocab": vocab, "opt": opt, "optim": optim}, path)
+    return path
+
+
+# --- the reference: OpenNMT-py's pre-norm Transformer in plain torch ops, on OpenNMT-py ids, one sentence
+
+
+def _reference_log_probs(sd: dict, gen: dict, src: list[int], tgt_in: list[int]) -> torch.Tensor:
+    """[T, V] log-probabilities of OpenNMT-py's network for one (unpadded) sentence."""
+
+    def ln(x, name):
+        return F.layer_norm(x, (D,), sd[f"{name}.weight"], sd[f"{name}.bias"], EPS)
+
+    def lin(x, name):
+        y = x @ sd[f"{name}.weight"].T
+        return y + sd[f"{name}.bias"] if f"{name}.bias" in sd else y
+
+    def mha(xq, xkv, name, causal):
+        dh = D // HEADS
+        q = lin(xq, f"{name}.linear_query").view(-1, HEADS, dh).transpose(0, 1) / math.sqrt(dh)
+        k = lin(xkv, f"{name}.linear_keys").view(-1, HEADS, dh).transpose(0, 1)
+        v = lin(xkv, f"{name}.linear_values").view(-1, HEADS, dh).transpose(0, 1)
+        s = q @ k.transpose(1, 2)
+        if causal:
+            s = s.masked_fill(torch.ones(s.shape[1:], dtype=torch.bool).triu(1), float("-inf"))
+        o = (s.softmax(-1) @ v).transpose(0, 1).reshape(-1, D)
+        return lin(o, f"{name}.final_linear")
+
+    def ffn(x, name):
+        return x + lin(torch.relu(lin(ln(x, f"{name}.layer_norm"), f"{name}.w_1")), f"{name}.w_2")
+
+    def embed(ids, side):
+        pe = torch.zeros(len(ids), D)
+        for p in range(len(ids)):
+            for i in range(0, D, 2):
+                pe[p, i] = math.sin(p / 10000 ** (i / D))
+                pe[p, i + 1] = math.cos(p / 10000 ** (i / D))
+        return sd[f"{side}.embeddings.make_embedding.emb_luts.0.weight"][ids] * math.sqrt(D) + pe
+
+    x = embed(src, "encoder")
+    for i in range(ENC):
+        p = f"encoder.transformer.{i}"
+        h = ln(x, f"{p}.layer_norm")
+        x = ffn(x + mha(h, h, f"{p}.self_attn", False), f"{p}.feed_forward")
+    memory = ln(x, "encoder.layer_norm")
+    y = embed(tgt_in, "decoder")
+    for i in range(DEC):
+        p = f"decoder.transformer_layers.{i}"
+        h = ln(y, f"{p}.layer_norm_1")
+        y = y + mha(h, h, f"{p}.self_attn", True)
+        y = ffn(y + mha(ln(y, f"{p}.layer_norm_2"), memory, f"{p}.context_attn", False), f"{p}.feed_forward")
+    return torch.log_softmax(ln(y, "decoder.layer_norm") @ gen["weight"].T + gen["bias"], -1)
+
+
+def _sentences(n: int, seed: int) -> list[tuple[list[str], list[str]]]:
+    rng = np.random.default_rng(seed)
+    pick = lambda k: [WORDS[j] for j in rng.integers(0, len(WORDS), k)]  # noqa: E731
+    return [(pick(int(rng.integers(1, 9))), pick(int(rng.integers(1, 9)))) for _ in range(n)]
+
+
+@pytest.mark.parametrize(
+    "shared,tied,qkv_bias",
+    [(True, True, False), (False, False, True), (False, True, False)],
+    ids=["shared-tied-nobias", "separate-untied-bias", "separate-tied"],
+)
+def test_forced_decoding_matches_reference(tmp_path, shared, tied, qkv_bias):
+    sd, gen = _state(shared, tied, qkv_bias)
+    opt = _opt(share_embeddings=shared, share_decoder_embeddings=tied, add_qkvbias=qkv_bias)
+    ckpt = _write(tmp_path / "onmt.pt", sd, gen, opt)
+    out = tmp_path / "model.pt"
+    r = run_cli(
+        *module_cmd("onmt_doc.bin.import_opennmt"), "-model", str(ckpt), "-output", str(out),
+        "-subword_type", "none", "-tokenizer", "space",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    model, cfg, codec = load_model(str(out))
+    assert (cfg.model.share_embeddings, cfg.model.tie_output) == (shared, tied)
+    assert codec.src_vocab.itos[7:] == WORDS + ["averyunlikelytoken0"]
+
+    pairs = _sentences(6, seed=1)
+    ids = [(np.array(codec.src_vocab.ids(s)), np.array(codec.tgt_vocab.ids(t))) for s, t in pairs]
+    examples, _ = sentence_instances([ids])
+    batch = collate(examples)  # padded batch of 6: our masks are exercised too
+    with torch.no_grad():
+        ours = full_log_probs(model, batch)
+    onmt = {t: i for i, t in enumerate(ONMT_VOCAB)}
+    checked = 0
+    for row, (s, t) in enumerate(pairs):
+        # what our markup feeds the network, in OpenNMT-py ids: <s> src </s>; <bos>=<s>, <s>, tgt, </s>
+        src = [onmt["<s>"], *(onmt[w] for w in s), onmt["</s>"]]
+        tgt_in = [onmt["<s>"], onmt["<s>"], *(onmt[w] for w in t), onmt["</s>"]]
+        with torch.no_grad():
+            ref = _reference_log_probs(sd, gen, src, tgt_in)
+        # our targets <s> tgt </s> <eos>; <eos> is OpenNMT-py's </s> again, so every position's softmax
+        # holds OpenNMT-py's end probability p twice: log q(x) = log p(x) - log(1 + p(</s>)), and <eos>
+        # has p(</s>)'s value; <bos> and <mask> take exp(-30) of their rows (negligible)
+        targets = ["<s>", *t, "</s>", "<eos>"]
+        got = [ours[row, j, codec.tgt_vocab.stoi[w]].item() for j, w in enumerate(targets)]
+        dup = torch.log1p(ref[:, onmt["</s>"]].exp())
+        want = [(ref[j, onmt["</s>" if w == "<eos>" else w]] - dup[j]).item() for j, w in enumerate(targets)]
+        np.testing.assert_allclose(got, want, atol=1e-4)
+        checked += len(targets)
+    assert checked > 30
+
+
+def test_subword_model_travels(tmp_path, toy_dir):
+    from onmt_doc.data.prepare import load_codec
+    from onmt_doc.data.tokenizer import Subword
+
+    lines = (toy_dir / "train.src").read_text(encoding="utf-8").splitlines()[:300]
+    bpe = Subword.learn("bpe", "aggressive", 50, lines)
+    bpe.save(str(tmp_path / "bpe.model"))
+    sd, gen = _state(True, True, False)
+    ckpt = _write(tmp_path / "onmt.pt", sd, gen, _opt())
+    run = tmp_path / "run"
+    payload = import_opennmt(str(ckpt), str(tmp_path / "m.pt"), str(tmp_path / "bpe.model"), run_dir=str(run))
+    assert payload["codec"]["src_subword"] == payload["codec"]["tgt_subword"] == bpe.to_dict()
+    _, cfg, codec = load_model(str(tmp_path / "m.pt"))
+    assert cfg.vocab.subword == "bpe" and codec.src_subword.tokenize(lines[0]) == bpe.tokenize(lines[0])
+    # the run folder a fine-tuning run (log.dir) reads: the same codec as the checkpoint's
+    assert load_codec(cfg, str(run)).to_dict() == codec.to_dict()
+
+
+REFUSED = [
+    ({"max_relative_positions": 20}, "relative positions"),
+    ({"max_relative_positions": -1}, "rotary"),
+    ({"pos_ffn_activation_fn": "silu"}, "activation silu"),
+    ({"layer_norm": "rms"}, "layer_norm rms"),
+    ({"parallel_residual": True}, "parallel_residual"),
+    ({"num_kv": 1}, "multi-query"),
+    ({"encoder_type": "rnn"}, "encoder_type rnn"),
+    ({"position_encoding_type": "SinusoidalConcat"}, "SinusoidalConcat"),
+]
+
+
+@pytest.mark.parametrize("over,message", REFUSED, ids=[m for _, m in REFUSED])
+def test_other_architectures_are_refused(tmp_path, over, message):
+    sd, gen = _state(True, True, False)
+    ckpt = _write(tmp_path / "onmt.pt", sd, gen, _opt(**over))
+    with pytest.raises(UserError, match=message):
+        import_opennmt(str(ckpt), str(tmp_path / "m.pt"), None, subword="none")
+    assert not (tmp_path / "m.pt").exists()
+
+
+def test_unmapped_and_missing_parameters_are_refused(tmp_path):
+    sd, gen = _state(True, True, False)
+    extra = dict(sd, **{"encoder.transformer.0.self_attn.relative_positions_embeddings.weight": torch.zeros(41, 8)})
+    ckpt = _write(tmp_path / "extra.pt", extra, gen, _opt())
+    with pytest.raises(UserError, match="no onmt_doc counterpart: encoder.transformer.0.self_attn.relative"):
+        import_opennmt(str(ckpt), str(tmp_path / "m.pt"), None, subword="none")
+    missing = {k: v for k, v in sd.items() if k != "decoder.transformer_layers.1.layer_norm_2.weight"}
+    ckpt = _write(tmp_path / "missing.pt", missing, gen, _opt())
+    with pytest.raises(UserError, match="no parameter decoder.transformer_layers.1.layer_norm_2.weight"):
+        import_opennmt(str(ckpt), str(tmp_path / "m.pt"), None, subword="none")
+    ckpt = _write(tmp_path / "shape.pt", sd, gen, _opt(transformer_ff=FF + 1))
+    with pytest.raises(UserError, match="does not fit"):
+        import_opennmt(str(ckpt), str(tmp_path / "m.pt"), None, subword="none")
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    sd, gen = _state(True, True, False)
+    ckpt = _write(tmp_path / "onmt.pt", sd, gen, _opt(max_relative_positions=-2))
+    out = tmp_path / "m.pt"
+    r = run_cli(*module_cmd("onmt_doc.bin.import_opennmt"), "-model", str(ckpt), "-output", str(out))
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
+    assert "-src_subword_model is required" in r.stderr
+    r = run_cli(
+        *module_cmd("onmt_doc.bin.import_opennmt"), "-model", str(ckpt), "-output", str(out), "-subword_type", "none"
+    )
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
+    assert "ALiBi" in r.stderr and not out.exists()
+
+
+def test_only_namespace_is_unpickled(tmp_path):
+    """weights_only loading plus argparse.Namespace: any other pickled class is refused, by name."""
+    sd, gen = _state(True, True, False)
+    ckpt = _write(tmp_path / "onmt.pt", sd, gen, _opt(learning_rate=fractions.Fraction(1, 2)))
+    with pytest.raises(UserError, match="fractions.Fraction"):
+        import_opennmt(str(ckpt), str(tmp_path / "m.pt"), None, subword="none")
