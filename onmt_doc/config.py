@@ -216,6 +216,12 @@ class DataConfig:
         "`onmt_doc_translate -max_line_chars` overrides the checkpoint's value",
     )
     cache_dir: Optional[str] = option(None, "binarized data cache; `null` = `<log.dir>/cache`")
+    sentence_markup: bool = option(
+        True,
+        "wrap each sentence in onmt_doc's markup (source `<s> … </s>`, target `<bos> <s> … </s> <eos>`); "
+        "`false` = the bare sequences other toolkits use (source `w1 … wn`, target `<bos> w1 … wn <eos>`), "
+        "as `onmt_doc_import_opennmt` writes it; `sentence` unit only (every other unit needs the markup)",
+    )
 
     def corpora(self, split: Literal["train", "valid"]) -> list[CorpusConfig]:
         """The corpora of ``data.train`` or ``data.valid`` with their name and ``documents`` resolved
@@ -232,7 +238,8 @@ class DataConfig:
 
     def validate(self, path: str, root: "Config") -> None:
         """Each corpus of several holds its own keys' minimums (the loader checks one corpus itself);
-        a validation set with one file of two is a mistake, not "no validation"."""
+        a validation set with one file of two is a mistake, not "no validation"; sentences without
+        markup only for the sentence unit (the others find their sentences by it)."""
         for split in ("train", "valid"):
             value = getattr(self, split)
             if isinstance(value, dict):
@@ -242,6 +249,13 @@ class DataConfig:
                         raise ConfigError(f"{path}.valid.{name}: needs both src and tgt")
         if isinstance(self.valid, CorpusConfig) and bool(self.valid.src) != bool(self.valid.tgt):
             raise ConfigError(f"{path}.valid: needs both src and tgt (or neither)")
+        if not self.sentence_markup:  # documents, windows and concatenations are cut by their <s> … </s>
+            m = root.model
+            parts = (("encoder", m.encoder), ("decoder", m.decoder))
+            declared = {registry_for(k).get(c.type).cls.unit for k, c in parts}
+            unit = m.unit or next(iter(declared - {"sentence"}), "sentence")
+            if unit != "sentence":
+                raise ConfigError(f"{path}.sentence_markup: false is for the sentence unit only, not {unit}")
 
 
 @dataclass

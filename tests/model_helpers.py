@@ -45,3 +45,17 @@ def random_batch(sizes: list[tuple[int, int]], seed: int = 0) -> Batch:
         for i, (s, t) in enumerate(sizes)
     ]
     return collate(examples, np.arange(len(examples)))
+
+
+def record_raw_hypotheses(translator) -> list:
+    """Wrap ``translator``'s real search so every (source row, its hypotheses) pair it returns is
+    kept, before the translator pads or merges anything; returns the list it fills."""
+    search, raw = translator.search.search, []
+
+    def recording_search(model, batch, **options):
+        hyps = search(model, batch, **options)
+        raw.extend(zip(batch.src.clone(), hyps))
+        return hyps
+
+    translator.search.search = recording_search
+    return raw

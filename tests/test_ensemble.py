@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import module_cmd, run_cli, tiny_config
-from model_helpers import N_WORDS, random_batch, random_model
+from model_helpers import N_WORDS, random_batch, random_model, record_raw_hypotheses
 from test_decoding import SIZES, TRANSFORMER, assert_stepwise_matches, stepwise_log_probs
 from test_g_transformer import G, doc_batch
 from test_hm_gdc import BOTH as HM_GDC
@@ -182,14 +182,7 @@ def test_a_g_transformer_ensemble_keeps_the_sentence_count():
     docs = [[f"w{i % 9} w{(i * 3) % 11} w5" for i in range(n)] for n in (1, 2, 5, 9)]
     cfg = config_from_dict({"data": {"max_tokens": 24}, "translate": {"beam": 3, "max_len_add": 2}})
     translator = Translator(ensemble, codec, cfg)
-    search, raw = translator.search.search, []
-
-    def recording_search(model, batch):  # the real search; keeps what it returns
-        hyps = search(model, batch)
-        raw.extend(zip(batch.src, hyps))
-        return hyps
-
-    translator.search.search = recording_search
+    raw = record_raw_hypotheses(translator)
     out = translator.translate_documents(docs)
     assert [len(d) for d in out] == [len(d) for d in docs] and translator.stats.docs_repaired == 0
     assert len(raw) > len(docs)  # max_tokens cut documents into several instances

@@ -17,7 +17,7 @@ from onmt_doc.data.batching import collate
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.instances import sentence_instances
 from onmt_doc.data.tokenizer import Subword
-from onmt_doc.data.vocab import EOS, EOS_SENT_ID, SPECIALS, Vocab
+from onmt_doc.data.vocab import EOS, EOS_ID, EOS_SENT, EOS_SENT_ID, SOS, SOS_ID, SPECIALS, Vocab
 from onmt_doc.models.builder import build_model
 from onmt_doc.models.checkpoint import load_model, save_checkpoint
 from onmt_doc.models.model import full_log_probs
@@ -25,7 +25,12 @@ from onmt_doc.translate.search import GreedySearch
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="the export extra: pip install -e '.[export]'")
 
-from onmt_doc.export.ctranslate2 import build_spec, source_tokens, translation_options  # noqa: E402
+from onmt_doc.export.ctranslate2 import (  # noqa: E402
+    build_spec,
+    source_tokens,
+    target_prefix,
+    translation_options,
+)
 
 N_TEST = 60  # toy test sentences compared
 
@@ -159,6 +164,64 @@ def test_no_empty_sentence_rule(tmp_path):
         **translation_options(64),
     )  # fmt: skip
     assert res[0].hypotheses[0] == ours
+
+
+def test_markup_free_model_exports(tmp_path):
+    """A model without sentence markup (``data.sentence_markup: false``, as an OpenNMT-py import
+    writes it) exports with a bare source and no target prefix: CTranslate2's greedy output is our
+    search's, token for token, though the generator prefers ``<s>`` and ``</s>`` (never generated
+    without markup), and its scores are our forced-decoding log-probabilities."""
+    codec = _tiny_codec()
+    part = {"layers": 1, "heads": 2, "ff": 32}
+    raw = {
+        "data": {"train": {"src": "x", "tgt": "y"}, "sentence_markup": False},
+        "model": {
+            "d_model": 16,
+            "encoder": {"type": "transformer", **part},
+            "decoder": {"type": "transformer", **part},
+        },
+    }
+    cfg = config_from_dict(raw)
+    torch.manual_seed(1)
+    model = build_model(cfg.model, codec).eval()
+    with torch.no_grad():  # varied outputs: a generator far from its small initial weights
+        for p in model.parameters():
+            p.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(p.numel()))
+        model.generator.bias[SOS_ID] += 4.0
+        model.generator.bias[EOS_SENT_ID] += 4.0
+        model.generator.bias[EOS_ID] += 4.0
+    ckpt = tmp_path / "bare.pt"
+    save_checkpoint({"config": config_to_dict(cfg), "codec": codec.to_dict(), "model": model.state_dict()}, str(ckpt))
+    out = tmp_path / "ct2"
+    r = run_cli(*module_cmd("onmt_doc.bin.release"), "-model", str(ckpt), "-output", str(out))
+    assert r.returncode == 0, r.stderr
+    info = json.loads((out / "onmt_doc_export.json").read_text())
+    assert info["source_markup"] == {"prefix": [], "suffix": []} and info["target_prefix"] == []
+    assert info["translate_options"] == translation_options(markup=False)
+
+    rng = np.random.default_rng(0)
+    words = [[f"w{i}" for i in rng.integers(0, 20, 5)] for _ in range(12)]  # one length: one cap (8 tokens)
+    ids = [np.array(codec.src_vocab.ids(w)) for w in words]
+    examples, _ = sentence_instances([[(s, None) for s in ids]], markup=False)
+    hyps = GreedySearch(max_len_ratio=1.0, max_len_add=3).search(model, collate(examples), markup=False)
+    ours = [codec.tgt_vocab.tokens(h[0].tokens) for h in hyps]
+    assert all(ours) and not {SOS, EOS_SENT} & {t for o in ours for t in o}
+    assert any(len(o) < 8 for o in ours), ours  # some end before the cap
+    tr = ctranslate2.Translator(str(out), device="cpu", intra_threads=1)
+    src = [source_tokens(w, markup=False) for w in words]
+    assert src == words and target_prefix(False) == []
+    res = tr.translate_batch(src, beam_size=1, **{**translation_options(markup=False), "max_decoding_length": 8})
+    assert [r.hypotheses[0] for r in res] == ours
+
+    targets = [np.array(codec.tgt_vocab.ids(o)) for o in ours]
+    examples, _ = sentence_instances([[(s, t) for s, t in zip(ids, targets)]], markup=False)
+    batch = collate(examples)
+    with torch.no_grad():
+        lp = full_log_probs(model, batch).gather(2, batch.tgt_out[..., None]).squeeze(2)
+    for row, scored in enumerate(tr.score_batch(src, ours)):
+        want = lp[row][batch.tgt_out[row].ne(0)].numpy()
+        assert scored.tokens[-1] == EOS and len(scored.log_probs) == len(want)
+        np.testing.assert_allclose(np.array(scored.log_probs), want, atol=1e-4)
 
 
 def test_non_exportable_model_is_one_line_error(tmp_path):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import init_from_run, make_trainer, tiny_config
-from model_helpers import N_WORDS, random_model
+from model_helpers import N_WORDS, random_model, record_raw_hypotheses
 from test_decoding import stepwise_log_probs
 
 from onmt_doc.config import config_from_dict
@@ -191,18 +191,9 @@ def test_document_beam_search_keeps_the_source_sentence_count_untrained():
     docs.append(["w1", "", "w2 w3"])  # an empty sentence inside
     cfg = config_from_dict({"data": {"max_tokens": 24}, "translate": {"beam": 3, "max_len_add": 2}})
     translator = Translator(model, codec, cfg)
-    raw = []
-    search = translator.search.search
-
-    def recording_search(model, batch):  # the real search; keeps what it returns
-        hyps = search(model, batch)
-        raw.append((batch.src.clone(), hyps))
-        return hyps
-
-    translator.search.search = recording_search
+    rows = record_raw_hypotheses(translator)
     out = translator.translate_documents(docs)
     assert [len(d) for d in out] == [len(d) for d in docs]
-    rows = [(src, hyps) for srcs, batch_hyps in raw for src, hyps in zip(srcs, batch_hyps)]
     assert sum(int(src.eq(SOS_ID).sum()) for src, _ in rows) == sum(len(d) for d in docs)
     assert len(rows) > len(docs)  # max_tokens split documents
     for src, hyps in rows:

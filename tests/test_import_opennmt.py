@@ -16,12 +16,14 @@ import torch
 import torch.nn.functional as F
 from conftest import module_cmd, run_cli
 
+from onmt_doc.config import config_from_dict
 from onmt_doc.convert.opennmt import import_opennmt
 from onmt_doc.data.batching import collate
 from onmt_doc.data.instances import sentence_instances
-from onmt_doc.errors import UserError
+from onmt_doc.errors import ConfigError, UserError
 from onmt_doc.models.checkpoint import load_model
 from onmt_doc.models.model import full_log_probs
+from onmt_doc.translate.translator import Translator
 
 D, HEADS, FF, ENC, DEC, EPS = 16, 2, 24, 2, 2, 1e-6
 WORDS = [f"w{i}" for i in range(13)]
@@ -111,11 +113,12 @@ def _write(path: Path, sd: dict, gen: dict, opt: argparse.Namespace, tgt_vocab: 
 # --- the reference: OpenNMT-py's pre-norm Transformer in plain torch ops, on OpenNMT-py ids, one sentence
 
 
-def _reference_log_probs(sd: dict, gen: dict, src: list[int], tgt_in: list[int]) -> torch.Tensor:
-    """[T, V] log-probabilities of OpenNMT-py's network for one (unpadded) sentence."""
+def _reference_log_probs(sd: dict, gen: dict, src: list[int], tgt_in: list[int], eps: float = EPS) -> torch.Tensor:
+    """[T, V] log-probabilities of OpenNMT-py's network for one (unpadded) sentence; ``eps``: its
+    layer norms' epsilon (OpenNMT-py's 1e-6 by default; onmt_doc's is 1e-5)."""
 
     def ln(x, name):
-        return F.layer_norm(x, (D,), sd[f"{name}.weight"], sd[f"{name}.bias"], EPS)
+        return F.layer_norm(x, (D,), sd[f"{name}.weight"], sd[f"{name}.bias"], eps)
 
     def lin(x, name):
         y = x @ sd[f"{name}.weight"].T
@@ -164,49 +167,180 @@ def _sentences(n: int, seed: int) -> list[tuple[list[str], list[str]]]:
     return [(pick(int(rng.integers(1, 9))), pick(int(rng.integers(1, 9)))) for _ in range(n)]
 
 
+def _import(tmp_path: Path, shared: bool = True, tied: bool = True, qkv_bias: bool = False, *flags: str, seed=0):
+    """An OpenNMT-py checkpoint imported by the command; its state, generator and our loaded model."""
+    sd, gen = _state(shared, tied, qkv_bias, seed)
+    opt = _opt(share_embeddings=shared, share_decoder_embeddings=tied, add_qkvbias=qkv_bias)
+    ckpt = _write(tmp_path / f"onmt{seed}.pt", sd, gen, opt)
+    out = tmp_path / f"model{seed}.pt"
+    r = run_cli(
+        *module_cmd("onmt_doc.bin.import_opennmt"), "-model", str(ckpt), "-output", str(out),
+        "-subword_type", "none", "-tokenizer", "space", *flags,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    return sd, gen, out
+
+
+ONMT = {t: i for i, t in enumerate(ONMT_VOCAB)}
+
+
 @pytest.mark.parametrize(
     "shared,tied,qkv_bias",
     [(True, True, False), (False, False, True), (False, True, False)],
     ids=["shared-tied-nobias", "separate-untied-bias", "separate-tied"],
 )
 def test_forced_decoding_matches_reference(tmp_path, shared, tied, qkv_bias):
-    sd, gen = _state(shared, tied, qkv_bias)
-    opt = _opt(share_embeddings=shared, share_decoder_embeddings=tied, add_qkvbias=qkv_bias)
-    ckpt = _write(tmp_path / "onmt.pt", sd, gen, opt)
-    out = tmp_path / "model.pt"
-    r = run_cli(
-        *module_cmd("onmt_doc.bin.import_opennmt"), "-model", str(ckpt), "-output", str(out),
-        "-subword_type", "none", "-tokenizer", "space",
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr
+    """Without markup (the import's default) the model reads OpenNMT-py's own sequences (source
+    ``w…``, decoder ``<s> w…``) and gives OpenNMT-py's log-probabilities for ``w… </s>``, our
+    ``<eos>`` being its ``</s>``: no correction, only float and layer-norm epsilon differences."""
+    sd, gen, out = _import(tmp_path, shared, tied, qkv_bias)
     model, cfg, codec = load_model(str(out))
     assert (cfg.model.share_embeddings, cfg.model.tie_output) == (shared, tied)
+    assert cfg.data.sentence_markup is False
     assert codec.src_vocab.itos[7:] == WORDS + ["averyunlikelytoken0"]
 
     pairs = _sentences(6, seed=1)
     ids = [(np.array(codec.src_vocab.ids(s)), np.array(codec.tgt_vocab.ids(t))) for s, t in pairs]
-    examples, _ = sentence_instances([ids])
+    examples, _ = sentence_instances([ids], markup=False)
     batch = collate(examples)  # padded batch of 6: our masks are exercised too
     with torch.no_grad():
         ours = full_log_probs(model, batch)
-    onmt = {t: i for i, t in enumerate(ONMT_VOCAB)}
     checked = 0
     for row, (s, t) in enumerate(pairs):
-        # what our markup feeds the network, in OpenNMT-py ids: <s> src </s>; <bos>=<s>, <s>, tgt, </s>
-        src = [onmt["<s>"], *(onmt[w] for w in s), onmt["</s>"]]
-        tgt_in = [onmt["<s>"], onmt["<s>"], *(onmt[w] for w in t), onmt["</s>"]]
+        targets = [*t, "<eos>"]
+        got = [ours[row, j, codec.tgt_vocab.stoi[w]].item() for j, w in enumerate(targets)]
+        # OpenNMT-py 3.x: bare source, decoder input <s> t, output t </s>; with our layer-norm epsilon
+        # the same numbers up to float error, with OpenNMT-py's within what 1e-6 vs 1e-5 makes
+        for eps, atol in ((1e-5, 2e-6), (EPS, 1e-4)):
+            with torch.no_grad():
+                ref = _reference_log_probs(sd, gen, [ONMT[w] for w in s], [ONMT["<s>"], *(ONMT[w] for w in t)], eps)
+            want = [ref[j, ONMT["</s>" if w == "<eos>" else w]].item() for j, w in enumerate(targets)]
+            np.testing.assert_allclose(got, want, atol=atol)
+        checked += len(targets)
+    assert checked > 20
+    # -score (the translator's forced decoding) is the sum of those log-probabilities
+    translator = Translator.load(str(out), device="cpu")
+    scores = translator.score([[" ".join(s) for s, _ in pairs]], [[" ".join(t) for _, t in pairs]])[0]
+    for score, (s, t) in zip(scores, pairs):
         with torch.no_grad():
-            ref = _reference_log_probs(sd, gen, src, tgt_in)
+            ref = _reference_log_probs(sd, gen, [ONMT[w] for w in s], [ONMT["<s>"], *(ONMT[w] for w in t)], 1e-5)
+        want = sum(ref[j, ONMT[w]].item() for j, w in enumerate([*t, "</s>"]))
+        assert score == pytest.approx(want, abs=1e-5)
+
+
+def test_forced_decoding_with_markup(tmp_path):
+    """``-sentence_markup`` keeps onmt_doc's markup (for fine-tuning into a document model): the
+    network reads ``<s> src </s>`` and ``<bos>=<s> <s> tgt </s>``, and p(</s>) is held twice."""
+    sd, gen, out = _import(tmp_path, True, True, False, "-sentence_markup")
+    model, cfg, codec = load_model(str(out))
+    assert cfg.data.sentence_markup is True
+    pairs = _sentences(6, seed=1)
+    ids = [(np.array(codec.src_vocab.ids(s)), np.array(codec.tgt_vocab.ids(t))) for s, t in pairs]
+    examples, _ = sentence_instances([ids])
+    with torch.no_grad():
+        ours = full_log_probs(model, collate(examples))
+    for row, (s, t) in enumerate(pairs):
+        src = [ONMT["<s>"], *(ONMT[w] for w in s), ONMT["</s>"]]
+        tgt_in = [ONMT["<s>"], ONMT["<s>"], *(ONMT[w] for w in t), ONMT["</s>"]]
+        with torch.no_grad():
+            ref = _reference_log_probs(sd, gen, src, tgt_in, 1e-5)
         # our targets <s> tgt </s> <eos>; <eos> is OpenNMT-py's </s> again, so every position's softmax
         # holds OpenNMT-py's end probability p twice: log q(x) = log p(x) - log(1 + p(</s>)), and <eos>
         # has p(</s>)'s value; <bos> and <mask> take exp(-30) of their rows (negligible)
         targets = ["<s>", *t, "</s>", "<eos>"]
         got = [ours[row, j, codec.tgt_vocab.stoi[w]].item() for j, w in enumerate(targets)]
-        dup = torch.log1p(ref[:, onmt["</s>"]].exp())
-        want = [(ref[j, onmt["</s>" if w == "<eos>" else w]] - dup[j]).item() for j, w in enumerate(targets)]
-        np.testing.assert_allclose(got, want, atol=1e-4)
-        checked += len(targets)
-    assert checked > 30
+        dup = torch.log1p(ref[:, ONMT["</s>"]].exp())
+        want = [(ref[j, ONMT["</s>" if w == "<eos>" else w]] - dup[j]).item() for j, w in enumerate(targets)]
+        np.testing.assert_allclose(got, want, atol=2e-6)
+
+
+def _reference_greedy(sd: dict, gen: dict, src: list[int], cap: int) -> list[int]:
+    """Greedy decoding of the reference network under OpenNMT-py's sequences and our rules: never
+    ``<s>``/``<blank>``, no ``</s>`` before the first word, ``</s>`` at the cap."""
+    out: list[int] = []
+    while True:
+        with torch.no_grad():
+            lp = _reference_log_probs(sd, gen, src, [ONMT["<s>"], *out], 1e-5)[-1].clone()
+        lp[[ONMT["<s>"], ONMT["<blank>"]]] = float("-inf")
+        if not out:
+            lp[ONMT["</s>"]] = float("-inf")
+        nxt = ONMT["</s>"] if len(out) == cap else int(lp.argmax())
+        if nxt == ONMT["</s>"]:
+            return out
+        out.append(nxt)
+
+
+def test_translation_without_markup(tmp_path):
+    """Greedy, beam with n-best, sampling and an ensemble of markup-free models: no ``<s>``/``</s>``
+    and no empty line, though the generator is biased towards ``<s>`` and ``</s>`` (OpenNMT-py's)
+    so that a missing rule would show; greedy output equals the reference network's greedy decode."""
+    sd, gen = _state(True, True, False, seed=2)
+    gen["bias"][ONMT["<s>"]] += 6.0
+    gen["bias"][ONMT["</s>"]] += 4.0
+    ckpt = _write(tmp_path / "onmt.pt", sd, gen, _opt())
+    out = tmp_path / "model.pt"
+    import_opennmt(str(ckpt), str(out), None, subword="none", tokenizer="space")
+    srcs = [s for s, _ in _sentences(12, seed=4)]
+    doc = [" ".join(s) for s in srcs]
+    greedy = Translator.load(str(out), device="cpu", beam=1, max_len_ratio=1.0, max_len_add=2).translate([doc])[0]
+    want = [" ".join(ONMT_VOCAB[i] for i in _reference_greedy(sd, gen, [ONMT[w] for w in s], len(s) + 2)) for s in srcs]
+    assert greedy == want
+    sampler = Translator.load(str(out), device="cpu", strategy="sampling", n_best=2, seed=3)
+    runs = {
+        "beam": Translator.load(str(out), device="cpu", beam=4, n_best=3).nbest([doc])[0],
+        "sampling": sampler.nbest([doc])[0],
+        "ensemble": Translator.load([str(out), str(out)], device="cpu", beam=3, n_best=2).nbest([doc])[0],
+    }
+    for name, lines in [("greedy", [[(x, 0.0)] for x in greedy]), *runs.items()]:
+        assert len(lines) == len(doc), name
+        for fields in lines:
+            for text, _ in fields:
+                assert text and text != "<unk>", (name, text)
+                assert not {"<s>", "</s>", "<bos>", "<eos>"} & set(text.split()), (name, text)
+    assert runs["ensemble"] == Translator.load(str(out), device="cpu", beam=3, n_best=2).nbest([doc])[0]
+
+
+def test_ensemble_members_must_agree_on_markup(tmp_path):
+    _, _, bare = _import(tmp_path, seed=0)
+    _, _, marked = _import(tmp_path, True, True, False, "-sentence_markup", seed=1)
+    with pytest.raises(UserError, match=r"different data.sentence_markup \(False vs True\)"):
+        Translator.load([str(bare), str(marked)], device="cpu")
+
+
+def test_training_without_markup(toy_dir, tmp_path):
+    """``data.sentence_markup: false`` reaches training too: instances are the bare sentences, the
+    checkpoint keeps the key, and its translations hold no markup and no empty line."""
+    from conftest import tiny_config
+
+    from onmt_doc.data.prepare import load_codec, load_examples
+    from onmt_doc.data.vocab import EOS_SENT_ID, SOS_ID
+    from onmt_doc.train.trainer import train
+
+    run = tmp_path / "run"
+    raw = tiny_config(toy_dir, run, data={"sentence_markup": False}, train={"max_steps": 20, "valid_every": 20})
+    cfg = config_from_dict(raw)
+    train(cfg)
+    codec = load_codec(cfg, str(run))
+    examples, docs = load_examples(
+        cfg, codec, raw["data"]["valid"]["src"], raw["data"]["valid"]["tgt"], "sentence", str(run)
+    )
+    pairs = [p for d in docs for p in d]
+    assert len(examples) == len(pairs) and all(np.array_equal(e.src, s) for e, (s, _) in zip(examples, pairs))
+    assert not any(np.isin([SOS_ID, EOS_SENT_ID], np.concatenate([e.src, e.tgt])).any() for e in examples)
+    translator = Translator.load(str(run / "checkpoints" / "last.pt"), device="cpu", beam=2, max_len_add=3)
+    assert translator.cfg.data.sentence_markup is False
+    lines = (toy_dir / "test.src").read_text(encoding="utf-8").splitlines()
+    out = translator.translate([[line for line in lines if line.strip()][:20]])[0]
+    assert len(out) == 20 and all(out) and not any({"<s>", "</s>"} & set(x.split()) for x in out)
+
+
+def test_markup_free_key_is_for_the_sentence_unit_only():
+    ok = config_from_dict({"data": {"sentence_markup": False}})
+    assert ok.data.sentence_markup is False
+    g = {"encoder": {"type": "g_transformer"}, "decoder": {"type": "g_transformer"}}
+    for model, unit in ((g, "document"), ({"unit": "k_to_1"}, "k_to_1"), ({"unit": "k_to_k"}, "k_to_k")):
+        with pytest.raises(ConfigError, match=f"data.sentence_markup: false is for the sentence unit only, not {unit}"):
+            config_from_dict({"data": {"sentence_markup": False}, "model": model})
 
 
 def test_subword_model_travels(tmp_path, toy_dir):

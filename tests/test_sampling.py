@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import module_cmd, run_cli
-from model_helpers import random_batch, random_model
+from model_helpers import random_batch, random_model, record_raw_hypotheses
 from test_decoding import SIZES, TRANSFORMER, stepwise_log_probs
 from test_g_transformer import G
 from test_hm_gdc import BOTH as HM_GDC
@@ -130,14 +130,7 @@ def test_sampled_g_transformer_documents_keep_their_sentence_count(n_best):
     model, codec = random_model(G, seed=7)
     cfg = config_from_dict({"data": {"max_tokens": 24}, "translate": {"strategy": "sampling", "n_best": n_best}})
     translator = Translator(model, codec, cfg)
-    search, raw = translator.search.search, []
-
-    def recording_search(model, batch):  # the real search; keeps what it returns
-        hyps = search(model, batch)
-        raw.extend(zip(batch.src, hyps))
-        return hyps
-
-    translator.search.search = recording_search
+    raw = record_raw_hypotheses(translator)
     out = translator.translate_documents(DOCS)
     assert [len(d) for d in out] == [len(d) for d in DOCS] and translator.stats.docs_repaired == 0
     assert all(len(line.split("\t")) == n_best for d in out for line in d)

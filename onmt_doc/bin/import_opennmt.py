@@ -5,7 +5,9 @@ onmt_doc_import_opennmt -model onmt_model_step_N.pt -output model.pt -src_subwor
 
 The subword model(s) and tokenizer mode are those the OpenNMT-py model's training data was
 tokenized with (its checkpoint does not carry them). Every parameter is mapped by name; an
-architecture onmt_doc does not have is refused in one line (docs/deploy.md).
+architecture onmt_doc does not have is refused in one line (docs/deploy.md). The model reads
+OpenNMT-py's own sequences (``data.sentence_markup: false``: no ``<s> … </s>`` around sentences);
+``-sentence_markup`` keeps onmt_doc's markup instead, as a start for fine-tuning into a document model.
 """
 
 from __future__ import annotations
@@ -49,6 +51,13 @@ def _main(argv: Optional[list[str]] = None) -> int:
         help="also write the subword model(s) and vocabularies here, as a run folder (log.dir) holds them, "
         "to fine-tune the model with train.init_from",
     )
+    p.add_argument(
+        "-sentence_markup",
+        "--sentence_markup",
+        action="store_true",
+        help="write data.sentence_markup: true (onmt_doc's <s> … </s> around each sentence, which the "
+        "OpenNMT-py model never saw: lower BLEU as is) for fine-tuning into a document model",
+    )
     p.add_argument("-force", "--force", action="store_true", help="overwrite -output if it exists")
     args = p.parse_args(argv)
     payload = import_opennmt(
@@ -60,19 +69,21 @@ def _main(argv: Optional[list[str]] = None) -> int:
         args.tokenizer,
         args.force,
         args.run_dir,
+        args.sentence_markup,
     )
     m = payload["config"]["model"]
     print(
         f"imported {args.model} to {args.output}: d_model {m['d_model']}, "
         f"{m['encoder']['layers']}+{m['decoder']['layers']} layers, "
-        f"{len(payload['codec']['tgt_vocab'])} target entries",
+        f"{len(payload['codec']['tgt_vocab'])} target entries, "
+        f"sentence markup {'on' if args.sentence_markup else 'off'}",
         file=sys.stderr,
     )
     return 0
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """Console script ``onmt_doc_import_opennmt``: user errors become one line and exit 2."""
+    """Console script ``onmt_doc_import_opennmt``: user mistakes end as one line and exit status 1 (``run``)."""
     return run(_main, argv)
 
 

@@ -44,7 +44,7 @@ def _main(argv: Optional[list[str]] = None) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """Console script ``onmt_doc_release``: user errors become one line and exit 2."""
+    """Console script ``onmt_doc_release``: user mistakes end as one line and exit status 1 (``run``)."""
     return run(_main, argv)
 
 

@@ -9,25 +9,32 @@ function. Architectures we do not have (relative positions, rotary, ALiBi, RMS n
 non-ReLU feed-forward, parallel residual, multi-query, MoE, average attention, copy attention, source
 features, language models) are refused in one line.
 
+Sequences: the checkpoint says ``data.sentence_markup: false``, so the model reads what OpenNMT-py
+3.x fed it in training: the bare source (``onmt/inputters/text_utils.py`` ``numericalize`` adds
+nothing to a seq2seq source), the decoder input ``<bos> w…`` (our ``<bos>`` is its ``<s>``, its
+``decoder_start_token``) and the output ``w… <eos>`` (our ``<eos>`` is its ``</s>``). ``markup=True``
+(``-sentence_markup``) keeps onmt_doc's ``<s> … </s>`` instead, for fine-tuning into a document model.
+
 Vocabularies: ours start with our fixed specials (onmt_doc/data/vocab.py), then OpenNMT-py's entries
 in its order minus its specials. Our rows take OpenNMT-py's rows by meaning: ``<pad>`` ← ``<blank>``,
 ``<unk>`` ← ``<unk>``, ``<s>`` and ``<bos>`` ← ``<s>``, ``</s>`` and ``<eos>`` ← ``</s>``, ``<mask>`` ←
-``<mask>`` (``<unk>`` if absent). The generator rows of ``<bos>`` and ``<mask>`` (never generated) get
-their bias lowered by :data:`NEVER_OFFSET`, so they take exp(-30) of the probability of the row they
-copy. ``<eos>`` keeps the bias of ``</s>``: our search may end a sentence with ``<eos>`` straight after
-a word, at OpenNMT-py's end probability p shared between the two rows (log p/(1+p), at most log 2
-below it; every other token loses log(1+p)), and a ``</s>`` it does emit is followed by a forced
-``<eos>`` whose score is finite. Lowering ``<eos>`` instead would make that forced token cost ~30 and
-push the search to the length cap.
+``<mask>`` (``<unk>`` if absent). The generator rows of ``<bos>``, ``<mask>`` and, without markup,
+``</s>`` (never generated) get their bias lowered by :data:`NEVER_OFFSET`, so they take exp(-30) of
+the probability of the row they copy: without markup our softmax is OpenNMT-py's (``<s>`` keeps its
+row once, as ``<s>``; ``<eos>`` alone holds the end probability). With markup ``<eos>`` and ``</s>``
+share the end probability p (our search may end a sentence with ``<eos>`` straight after a word;
+every other token loses log(1+p)), and a ``</s>`` it does emit is followed by a forced ``<eos>``
+whose score is finite; lowering ``<eos>`` instead would make that forced token cost ~30.
 
 Loading: OpenNMT-py pickles its options as an ``argparse.Namespace``. We load with
 ``weights_only=True`` and allow exactly that one class (``torch.serialization.safe_globals``), never
 a full unpickler on a user's file; a checkpoint that needs more is refused with the class named.
 
 Not exact: OpenNMT-py's layer norms use ``norm_eps`` (1e-6 by default), ours ``nn.LayerNorm``'s 1e-5
-(a relative change of about 5e-6 on unit-variance activations); and onmt_doc wraps each sentence in
-its own markup (source ``<s> … </s>``, target ``<bos> <s> … </s> <eos>``) that an OpenNMT-py model
-never saw (docs/deploy.md measures what that costs in BLEU).
+(a relative change of about 5e-6 on unit-variance activations). Translations differ from
+``onmt_translate``'s only by search details (its length cap ``1.25 × the batch's longest source +
+5``, its ``avg`` length normalisation by length + 1): 10.52 vs 10.54 BLEU on the Multi30k model of
+docs/benchmarks.md, where the markup cost 0.39.
 """
 
 from __future__ import annotations
@@ -221,8 +228,13 @@ def _check_positions(src: _Source, prefix: str, d_model: int) -> None:
         raise UserError(f"{name}: position encodings differ from onmt_doc's interleaved sinusoids")
 
 
-def convert(ckpt: dict, src_subword: Subword, tgt_subword: Subword) -> dict:
-    """An onmt_doc checkpoint payload (config, codec, model) equal to the OpenNMT-py model ``ckpt``."""
+def convert(ckpt: dict, src_subword: Subword, tgt_subword: Subword, markup: bool = False) -> dict:
+    """An onmt_doc checkpoint payload (config, codec, model) equal to the OpenNMT-py model ``ckpt``.
+
+    ``markup`` false (the default): ``data.sentence_markup: false``, so the model reads OpenNMT-py's
+    own sequences, and the generator rows of ``<s>``/``</s>`` as ours (never generated then) are
+    lowered like ``<bos>``'s: ``<eos>`` alone holds OpenNMT-py's end probability. True: onmt_doc's
+    markup, ``</s>`` and ``<eos>`` sharing it (a start for fine-tuning into a document model)."""
     opt, vocab = ckpt["opt"], ckpt["vocab"]
     check_architecture(opt, vocab)
     src_vocab, src_rows = _vocab(vocab["src"], "source")
@@ -243,6 +255,7 @@ def convert(ckpt: dict, src_subword: Subword, tgt_subword: Subword) -> dict:
         raise UserError("OpenNMT-py share_embeddings is on but its source and target vocabularies differ")
     part = {"type": "transformer", "heads": int(_get(opt, "heads")), "ff": int(_get(opt, "transformer_ff"))}
     raw = {
+        "data": {"sentence_markup": markup},
         "vocab": {
             "subword": src_subword.kind,
             "shared": codec.shared and src_subword.to_dict() == tgt_subword.to_dict(),
@@ -284,7 +297,8 @@ def convert(ckpt: dict, src_subword: Subword, tgt_subword: Subword) -> dict:
         dst.ffn(layer, src, f"{p}.feed_forward")
     dst.norm(dec.final_norm, src, "decoder.layer_norm")
     bias = src.bias("generator.bias", len(vocab["tgt"]))[tgt_rows].clone()
-    bias[[tgt_vocab.stoi[t] for t in (BOS, MASK)]] -= NEVER_OFFSET
+    never = (BOS, MASK) if markup else (BOS, MASK, EOS_SENT)
+    bias[[tgt_vocab.stoi[t] for t in never]] -= NEVER_OFFSET
     dst.set(model.generator.weight, gen_w[tgt_rows], "generator.weight")
     dst.set(model.generator.bias, bias, "generator.bias")
     left, missing = src.left(), dst.missing()
@@ -304,10 +318,11 @@ def import_opennmt(
     tokenizer: str = "aggressive",
     force: bool = False,
     run_dir: Optional[str] = None,
+    markup: bool = False,
 ) -> dict:
     """Convert ``checkpoint`` (OpenNMT-py 3.x) and save it atomically as the onmt_doc checkpoint ``output``;
     ``run_dir`` also gets the subword model(s) and vocabularies as a run folder holds them, so a run
-    there (``log.dir``) can fine-tune it with ``train.init_from``."""
+    there (``log.dir``) can fine-tune it with ``train.init_from``. ``markup``: see :func:`convert`."""
     if os.path.exists(output) and not force:
         raise UserError(f"{output} exists; add -force to overwrite it")
     if subword == "none" and (src_subword_model or tgt_subword_model):
@@ -326,7 +341,7 @@ def import_opennmt(
             raise UserError(f"{flag}: cannot read {path} ({e.strerror})") from None
         except Exception as e:  # pyonmttok rejects a file that is not a model of this kind
             raise UserError(f"{flag}: {path} is not a {subword} model ({str(e).splitlines()[0][:120]})") from None
-    payload = convert(load_opennmt_checkpoint(checkpoint), subwords[0], subwords[1])
+    payload = convert(load_opennmt_checkpoint(checkpoint), subwords[0], subwords[1], markup)
     save_checkpoint(payload, output)
     if run_dir:
         save_codec(Codec.from_dict(payload["codec"]), run_dir, payload["config"]["vocab"]["shared"])

@@ -2,6 +2,8 @@
 
 Markup is the same for every model: each sentence is ``<s> w1 … wn </s>``; a document instance
 concatenates consecutive sentences of one document. ``<bos>``/``<eos>`` are added at collation.
+The ``sentence`` unit alone can go without (``data.sentence_markup: false``): ``w1 … wn`` on both
+sides, the sequences of OpenNMT-py and most sentence-level toolkits (imported models read them).
 """
 
 from __future__ import annotations
@@ -44,19 +46,27 @@ def mark_sentence(ids: Sequence[int]) -> np.ndarray:
     return out
 
 
-def sentence_instances(docs: Sequence[Sequence[tuple]], max_len: int = 0) -> tuple[list[Example], int]:
+def _bare(ids: Sequence[int]) -> np.ndarray:
+    """A sentence without markup (``data.sentence_markup: false``): its ids as they are."""
+    return np.array(ids, dtype=np.int64)
+
+
+def sentence_instances(
+    docs: Sequence[Sequence[tuple]], max_len: int = 0, markup: bool = True
+) -> tuple[list[Example], int]:
     """One example per sentence pair; pairs with a side longer than ``max_len`` (if set) are dropped.
 
-    ``docs`` holds, per document, (src_ids, tgt_ids or None) pairs. Returns the examples and the
-    number dropped, which callers log.
+    ``docs`` holds, per document, (src_ids, tgt_ids or None) pairs; ``markup`` false keeps the ids
+    bare (no ``<s> … </s>``). Returns the examples and the number dropped, which callers log.
     """
+    mark = mark_sentence if markup else _bare
     examples, dropped = [], 0
     for d, doc in enumerate(docs):
         for i, (s, t) in enumerate(doc):
             if max_len and (len(s) > max_len or (t is not None and len(t) > max_len)):
                 dropped += 1
                 continue
-            examples.append(Example(mark_sentence(s), None if t is None else mark_sentence(t), d, i, 1))
+            examples.append(Example(mark(s), None if t is None else mark(t), d, i, 1))
     return examples, dropped
 
 
@@ -163,13 +173,15 @@ def concatenation_instances(
 @dataclass(frozen=True)
 class UnitOptions:
     """What instances depend on besides the documents: the ``data`` keys (``max_tokens``,
-    ``max_len``, ``max_sentences``, ``context_sentences``) and translation's ``window_tokens``."""
+    ``max_len``, ``max_sentences``, ``context_sentences``, ``sentence_markup``) and translation's
+    ``window_tokens``."""
 
     max_tokens: int = 512
     max_len: int = 0
     max_sentences: int = 0
     window_tokens: int = 0
     context_sentences: int = 1
+    sentence_markup: bool = True
 
 
 class Unit:
@@ -200,11 +212,13 @@ UNITS = Registry("unit")
 
 @UNITS.register("sentence", UnitOptions)
 class SentenceUnit(Unit):
-    """One instance per sentence pair (the Transformer)."""
+    """One instance per sentence pair (the Transformer), with or without markup (``data.sentence_markup``)."""
+
+    input_keys = ("documents", "sentence_markup")
 
     def instances(self, docs: Sequence[Sequence[tuple]]) -> tuple[list[Example], int]:
         """See :meth:`Unit.instances`."""
-        return sentence_instances(docs, self.options.max_len)
+        return sentence_instances(docs, self.options.max_len, self.options.sentence_markup)
 
 
 @UNITS.register("document", UnitOptions)
@@ -281,12 +295,14 @@ def build_instances(
     max_sentences: int = 0,
     window_tokens: int = 0,
     context_sentences: int = 1,
+    sentence_markup: bool = True,
 ) -> tuple[list[Example], int]:
     """Instances for a model's unit (the :data:`UNITS` registry): ``document`` packs consecutive
     sentences of a document up to ``max_tokens``; ``context`` takes document windows of
     ``max_sentences`` (0 = whole documents, or, with ``window_tokens`` as translation sets it,
     windows packed to that many tokens) whose sentences are batch rows; ``sentence`` uses one
     instance per sentence pair; ``k_to_1`` / ``k_to_k`` concatenate ``context_sentences`` previous
-    sentences (:func:`concatenation_instances`)."""
-    options = UnitOptions(max_tokens, max_len, max_sentences, window_tokens, context_sentences)
+    sentences (:func:`concatenation_instances`); ``sentence_markup`` false: ``sentence`` instances
+    without ``<s> … </s>`` (the config allows it for that unit only)."""
+    options = UnitOptions(max_tokens, max_len, max_sentences, window_tokens, context_sentences, sentence_markup)
     return unit_class(unit, "unit")(options).instances(docs)

@@ -155,6 +155,7 @@ def load_examples(
         cfg.data.max_len if filter_long else 0,
         cfg.data.max_sentences,
         context_sentences=cfg.data.context_sentences,
+        sentence_markup=cfg.data.sentence_markup,
     )
     n_sents = sum(len(d) for d in docs)
     log.info(

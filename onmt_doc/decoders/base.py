@@ -52,14 +52,17 @@ def is_word(tokens: torch.Tensor) -> torch.Tensor:
     return tokens.ge(len(SPECIALS)) | tokens.eq(UNK_ID)
 
 
-def forbid_empty(log_probs: torch.Tensor, last: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+def forbid_empty(log_probs: torch.Tensor, last: torch.Tensor, words: torch.Tensor, markup: bool = True) -> torch.Tensor:
     """The rule every decoder's search obeys, so a non-empty source line never gives an empty
     output line: ``</s>`` and ``<eos>`` are forbidden while the current sentence (since its
     ``<s>``, or since ``<bos>``) has no word; ``<s>`` may only follow ``<bos>`` or ``</s>``;
     padding, ``<bos>`` and ``<mask>`` are never generated. ``last`` [rows]: each row's last token;
-    ``words`` [rows]: words in its current sentence (:func:`count_words`)."""
+    ``words`` [rows]: words in its current sentence (:func:`count_words`). ``markup`` false
+    (``data.sentence_markup``): ``<s>`` and ``</s>`` are never generated either, so the output is
+    ``w1 … wn <eos>`` with n ≥ 1."""
     inf = float("-inf")
-    lp = log_probs.index_fill(1, torch.tensor(_NEVER, device=log_probs.device), inf)
+    never = _NEVER if markup else (*_NEVER, SOS_ID, EOS_SENT_ID)
+    lp = log_probs.index_fill(1, torch.tensor(never, device=log_probs.device), inf)
     lp[:, SOS_ID] = lp[:, SOS_ID].masked_fill(~(last.eq(BOS_ID) | last.eq(EOS_SENT_ID)), inf)
     empty = words.eq(0)
     lp[:, EOS_SENT_ID] = lp[:, EOS_SENT_ID].masked_fill(empty, inf)

@@ -129,7 +129,7 @@ def analyse_gates(
     for d in text:
         docs.append(list(zip(flat_src[i : i + len(d)], flat_tgt[i : i + len(d)])))
         i += len(d)
-    examples, _ = build_instances(model.unit, docs, cfg.data.max_tokens)
+    examples, _ = build_instances(model.unit, docs, cfg.data.max_tokens, sentence_markup=cfg.data.sentence_markup)
     attach_z_star(examples, docs, table)
     model.eval()
     result = GateAnalysis()

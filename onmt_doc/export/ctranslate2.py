@@ -8,9 +8,12 @@ layer norm eps 1e-5 (``nn.LayerNorm``'s default; CTranslate2's default is 1e-6, 
 
 Our markup is kept: a source sentence is ``<s> w1 … wn </s>``; the decoder starts from ``<bos>``,
 ``<s>`` is the forced first target token and ``</s>`` (then ``<eos>``) ends a sentence
-(onmt_doc/data/vocab.py). :func:`translation_options` and :func:`source_tokens` give what a
-CTranslate2 caller needs to decode as onmt_doc's search does; ``onmt_doc_export.json`` and the
-README beside the model say the same for callers without onmt_doc.
+(onmt_doc/data/vocab.py). A model without markup (``data.sentence_markup: false``, e.g. one
+imported from OpenNMT-py) exports as CTranslate2's own Transformers run: the bare source, no
+target prefix (the decoder starts from ``<bos>``), ``<eos>`` ends it. :func:`translation_options`,
+:func:`source_tokens` and :func:`target_prefix` give what a CTranslate2 caller needs to decode as
+onmt_doc's search does; ``onmt_doc_export.json`` and the README beside the model say the same for
+callers without onmt_doc.
 """
 
 from __future__ import annotations
@@ -160,7 +163,7 @@ def build_spec(model: EncoderDecoder, codec: Codec, max_positions: int) -> Any:
     spec.config.bos_token = BOS
     spec.config.eos_token = EOS
     spec.config.decoder_start_token = BOS
-    spec.config.add_source_bos = False  # our <s> … </s> markup is added by source_tokens()
+    spec.config.add_source_bos = False  # our <s> … </s> markup, if any, is added by source_tokens()
     spec.config.add_source_eos = False
     spec.config.layer_norm_epsilon = LAYER_NORM_EPS
     spec.validate()
@@ -185,7 +188,7 @@ def export_ctranslate2(
     spec.optimize(quantization=quantization)
     os.makedirs(output, exist_ok=True)
     spec.save(output)
-    info = export_info(codec, quantization or "float32", max_positions)
+    info = export_info(codec, quantization or "float32", max_positions, cfg.data.sentence_markup)
     for side, subword in (("source", codec.src_subword), ("target", codec.tgt_subword)):
         name = info["tokenization"][side]["subword_model"]
         if name:
@@ -207,8 +210,9 @@ def _tokenizer_settings(subword: Subword, name: str) -> dict:
             "pyonmttok_mode": mode, "pyonmttok_options": options}  # fmt: skip
 
 
-def export_info(codec: Codec, quantization: str, max_positions: int) -> dict:
-    """How to tokenize and decode with the exported model (written as ``onmt_doc_export.json``)."""
+def export_info(codec: Codec, quantization: str, max_positions: int, markup: bool = True) -> dict:
+    """How to tokenize and decode with the exported model (written as ``onmt_doc_export.json``);
+    ``markup``: the model's ``data.sentence_markup``."""
     same = codec.src_subword.to_dict() == codec.tgt_subword.to_dict()
     src_name = "subword.model" if same else "source_subword.model"
     tgt_name = "subword.model" if same else "target_subword.model"
@@ -220,16 +224,26 @@ def export_info(codec: Codec, quantization: str, max_positions: int) -> dict:
             "source": _tokenizer_settings(codec.src_subword, src_name),
             "target": _tokenizer_settings(codec.tgt_subword, tgt_name),
         },
-        "source_markup": {"prefix": [SOS], "suffix": [EOS_SENT]},
-        "translate_options": translation_options(max_positions),
+        "source_markup": {"prefix": [SOS], "suffix": [EOS_SENT]} if markup else {"prefix": [], "suffix": []},
+        "target_prefix": target_prefix(markup),
+        "translate_options": translation_options(max_positions, markup),
     }
 
 
-def translation_options(max_positions: int = 1024) -> dict:
+def translation_options(max_positions: int = 1024, markup: bool = True) -> dict:
     """``Translator.translate_batch`` keyword arguments that decode as onmt_doc's search does for a
     sentence (onmt_doc/translate/search.py): ``<s>`` forced first, stop at ``</s>`` (after which
     ``<eos>`` is forced) or ``<eos>``, never ``<pad>``/``<bos>``/``<mask>`` or a second ``<s>``, and at
-    least one token after ``<s>`` (no empty sentence). Use with ``target_prefix=[["<s>"]] * n``."""
+    least one token after ``<s>`` (no empty sentence). Use with ``target_prefix=[["<s>"]] * n``.
+    ``markup`` false (``data.sentence_markup``): no prefix, ``<eos>`` ends, ``<s>``/``</s>`` never
+    generated, at least one word."""
+    if not markup:
+        return {
+            "end_token": [EOS],
+            "suppress_sequences": [[PAD], [BOS], [MASK], [SOS], [EOS_SENT]],
+            "min_decoding_length": 1,  # one word before <eos> (no prefix)
+            "max_decoding_length": min(250, max_positions - 1),
+        }
     return {
         "end_token": [EOS_SENT, EOS],
         "suppress_sequences": [[PAD], [BOS], [MASK], [SOS]],
@@ -238,9 +252,14 @@ def translation_options(max_positions: int = 1024) -> dict:
     }
 
 
-def source_tokens(tokens: Sequence[str]) -> list[str]:
-    """A tokenized source sentence with our markup, ``<s> … </s>``."""
-    return [SOS, *tokens, EOS_SENT]
+def source_tokens(tokens: Sequence[str], markup: bool = True) -> list[str]:
+    """A tokenized source sentence with our markup, ``<s> … </s>`` (as it is without markup)."""
+    return [SOS, *tokens, EOS_SENT] if markup else list(tokens)
+
+
+def target_prefix(markup: bool = True) -> list[str]:
+    """The target prefix of each sentence: ``<s>`` with markup, none without."""
+    return [SOS] if markup else []
 
 
 def target_words(tokens: Sequence[str]) -> list[str]:
@@ -250,6 +269,8 @@ def target_words(tokens: Sequence[str]) -> list[str]:
 
 def _readme(info: dict) -> str:
     src, tgt = info["tokenization"]["source"], info["tokenization"]["target"]
+    if not info["target_prefix"]:
+        return _readme_bare(info, src, tgt)
     return f"""# CTranslate2 model exported by onmt_doc
 
 Quantization: {info["quantization"]}. Tokenization (pyonmttok): source `Tokenizer("{src["pyonmttok_mode"]}",
@@ -274,4 +295,32 @@ print([detok.detokenize([t for t in r.hypotheses[0] if t != "<s>"]) for r in out
 
 Position encodings cover {info["max_positions"]} positions (source or target, markup included);
 export again with a larger `-max_positions` for longer inputs.
+"""
+
+
+def _readme_bare(info: dict, src: dict, tgt: dict) -> str:
+    """The README of a model without sentence markup (``data.sentence_markup: false``)."""
+    return f"""# CTranslate2 model exported by onmt_doc
+
+Quantization: {info["quantization"]}. Tokenization (pyonmttok): source `Tokenizer("{src["pyonmttok_mode"]}",
+**{src["pyonmttok_options"]!r})`, target `Tokenizer("{tgt["pyonmttok_mode"]}",
+**{tgt["pyonmttok_options"]!r})` (paths relative to this folder).
+
+The model reads sentences without markup: each source sentence is its tokens, no target prefix.
+Translate with the options of `onmt_doc_export.json` (`translate_options`), detokenize:
+
+```python
+import ctranslate2, pyonmttok
+tok = pyonmttok.Tokenizer("{src["pyonmttok_mode"]}", **{src["pyonmttok_options"]!r})
+detok = pyonmttok.Tokenizer("{tgt["pyonmttok_mode"]}", **{tgt["pyonmttok_options"]!r})
+tr = ctranslate2.Translator(".", device="cpu", inter_threads=1, intra_threads=1)
+src = [tok.tokenize(line)[0] for line in ["Hello world ."]]
+out = tr.translate_batch(src, beam_size=4, end_token={info["translate_options"]["end_token"]!r},
+                         suppress_sequences={info["translate_options"]["suppress_sequences"]!r},
+                         min_decoding_length=1, max_decoding_length={info["translate_options"]["max_decoding_length"]})
+print([detok.detokenize(r.hypotheses[0]) for r in out])
+```
+
+Position encodings cover {info["max_positions"]} positions (source or target); export again with a
+larger `-max_positions` for longer inputs.
 """

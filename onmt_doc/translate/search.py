@@ -15,8 +15,11 @@ sentences as its source (``<s>`` after ``</s>`` until then, no ``<eos>`` before)
 state their own rules in ``Decoder.constrain``. A target ``prefix`` (``k_to_k`` with
 ``translate.force_context_prefix``) is forced token by token before every other rule. Every decoder
 also obeys :func:`~onmt_doc.decoders.base.forbid_empty` (no ``</s>``/``<eos>`` before a sentence
-has a word): a non-empty source line never gives an empty output line. Output length per sentence:
-``min(max_len_ratio × source + max_len_add, max_length)``; at the cap only ``<eos>`` is allowed.
+has a word): a non-empty source line never gives an empty output line. Without markup
+(``data.sentence_markup: false``, ``sentence`` unit) nothing is forced but the cap: the output is
+``w1 … wn <eos>``, ``<s>``/``</s>`` never generated, ``<eos>`` not before the first word. Output
+length per sentence: ``min(max_len_ratio × source + max_len_add, max_length)``; at the cap only
+``<eos>`` is allowed.
 
 A sentence is done when its best candidate ends in ``<eos>`` (with ``n_best`` hypotheses
 collected), when it reaches its length cap, or when nothing may follow; its rows then leave the
@@ -35,7 +38,7 @@ import torch
 
 from onmt_doc.config import TranslateConfig
 from onmt_doc.data.batching import Batch
-from onmt_doc.data.instances import unit_class
+from onmt_doc.data.instances import UNITS, unit_class
 from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, PAD_ID, SOS_ID
 from onmt_doc.decoders.base import LengthLimit, count_words, forbid_empty, force_tokens
 from onmt_doc.errors import ConfigError
@@ -92,12 +95,14 @@ def allowed_log_probs(
     one_sentence: bool,
     left: Optional[torch.Tensor] = None,
     prefix_next: Optional[torch.Tensor] = None,
+    markup: bool = True,
 ) -> torch.Tensor:
     """[rows, V] log-probabilities with what the rules forbid at -inf: forced tokens
     (:func:`forced_next`) keep their score, every other token of their row is forbidden; a row
-    with more than its current sentence to go (``left`` > 1) may not end with ``<eos>``."""
-    force = forced_next(last, at_cap, one_sentence, left, prefix_next)
-    free = forbid_empty(log_probs, last, words)
+    with more than its current sentence to go (``left`` > 1) may not end with ``<eos>``.
+    ``markup`` false: sentences without ``<s> … </s>``, so only the cap forces a token."""
+    force = forced_next(last, at_cap, one_sentence and markup, left, prefix_next)
+    free = forbid_empty(log_probs, last, words, markup)
     if left is not None:
         free[:, EOS_ID] = free[:, EOS_ID].masked_fill(left.gt(1), float("-inf"))
     return torch.where(force.ge(0)[:, None], force_tokens(log_probs, force), free) if force.ge(0).any() else free
@@ -125,17 +130,20 @@ class Search(ABC):
 
     @torch.no_grad()
     def search(
-        self, model: EncoderDecoder, batch: Batch, prefix: Optional[torch.Tensor] = None
+        self, model: EncoderDecoder, batch: Batch, prefix: Optional[torch.Tensor] = None, markup: bool = True
     ) -> list[list[Hypothesis]]:
         """The ``n_best`` hypotheses of every batch row, best first. ``prefix`` [B, P] (padded with
         ``<pad>``): target tokens forced after ``<bos>``, row by row, keeping their model scores
         (``k_to_k``'s previous translations); hypotheses start with them, and a row's length cap
-        grows by its prefix length."""
+        grows by its prefix length. ``markup``: the model's ``data.sentence_markup`` (false: the
+        batch holds bare sentences of the ``sentence`` unit, and so does the output)."""
         device, n = batch.src.device, batch.size
         state = model.init_state(model.encode(batch), batch, self.limit)  # one row per sentence: width 1
         max_len = model.decoder.max_output_lengths(batch, self.limit).to(device)
         unit = unit_class(model.unit)
         one_sentence = unit.rows != "decoder"
+        if not markup and unit is not UNITS.get("sentence").cls:
+            raise ConfigError(f"sentences without markup are for the sentence unit only, not {model.unit}")
         # unit k_to_k: a row's output holds as many sentences as its source
         n_sents = batch.src.eq(SOS_ID).sum(1) if unit.rows == "source" else None
         plen = None
@@ -167,6 +175,7 @@ class Search(ABC):
                 one_sentence,
                 left,
                 prefix_next,
+                markup,
             )
             choice = self.select(scores, log_probs.view(b, width, -1))
             self._collect(finished, alive, choice, seqs, width, t)

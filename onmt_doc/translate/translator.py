@@ -70,7 +70,8 @@ class TranslationStats:
 
 
 def markup_sentences(ids: Sequence[int]) -> list[list[int]]:
-    """The sentences of generated ids, by their ``<s> … </s>`` markup."""
+    """The sentences of generated ids, by their ``<s> … </s>`` markup (ids without markup,
+    ``data.sentence_markup: false``, are one sentence)."""
     sents: list[list[int]] = []
     cur: list[int] = []
     for i in ids:
@@ -289,6 +290,7 @@ class Translator:
             max_sentences=self.opt.window_sentences or data.max_sentences,
             window_tokens=data.max_tokens,
             context_sentences=data.context_sentences,
+            sentence_markup=data.sentence_markup,
         )
         return examples
 
@@ -387,9 +389,11 @@ class Translator:
         if unit.keep_last and self.opt.force_context_prefix:
             yield from self._run_prefixed(outputs, examples)
             return
+        markup = self.cfg.data.sentence_markup
         for idx, batch in self._batches(examples, by_source_only=True):
             done = []
-            for (ex, first, n), hyps in zip(self._rows(idx, batch, examples), self.search.search(self.model, batch)):
+            hyps_of_rows = self.search.search(self.model, batch, markup=markup)
+            for (ex, first, n), hyps in zip(self._rows(idx, batch, examples), hyps_of_rows):
                 if unit.keep_last:  # k_to_k: the example's translation is its last sentence
                     outputs[ex.doc][first + n - 1] = self._hypothesis_lines(hyps, n)[-1]
                     done.append((ex.doc, 1))
