@@ -23,8 +23,9 @@ unit's instances, ``BatchSampler``, ``collate``) from the same ``train.batch_tok
 Parts, each reported in ``<out>/results.md`` and ``results.json``:
 
 1. padding (deterministic, no timing): over every batch of epoch 0, real (non-padding, markup
-   included) / computed positions of source and target, the G-Transformer's group-attention blocks
-   and HM-GDC's packed document memory; target words per batch (all words the loss covers, and
+   included) / computed positions of source and target (HM-GDC: summed over its length buckets,
+   ``onmt_doc/modules/row_buckets.py``), the G-Transformer's group-attention blocks and HM-GDC's
+   packed document memory; target words per batch (all words the loss covers, and
    corpus words per batch = the corpus' target words / batches per epoch, which differ only for
    ``k_to_k``, whose targets repeat the context sentences);
 2. training speed: ``--warmup`` steps each, then ``--rounds`` rounds in which every system takes
@@ -69,8 +70,10 @@ from onmt_doc.data.prepare import build_codec, load_codec
 from onmt_doc.data.vocab import EOS_ID, EOS_SENT_ID, SOS_ID
 from onmt_doc.decoders.base import is_word
 from onmt_doc.errors import UserError
+from onmt_doc.modules import row_buckets
 from onmt_doc.modules.document_packing import plan_packing
 from onmt_doc.modules.group_attention import plan_self
+from onmt_doc.modules.row_buckets import bucket_rows, computed_positions
 from onmt_doc.train.distributed import DistContext
 from onmt_doc.train.trainer import Trainer
 from onmt_doc.translate.translator import Translator
@@ -170,14 +173,21 @@ def padding_stats(trainer: Trainer) -> dict:
         s["rows"] += b.size
         s["sentences"] += int(b.tgt_out.eq(SOS_ID).sum())  # target sentences the loss covers
         s["src_real"] += b.n_src_tokens
-        s["src_pos"] += b.src.numel()
         s["tgt_real"] += b.n_tgt_tokens
-        s["tgt_pos"] += b.tgt_out.numel()
+        if unit == "context":  # rows computed in length buckets (modules/row_buckets.py)
+            s["src_pos"] += computed_positions(b.src.ne(0).sum(1))
+            s["tgt_pos"] += computed_positions(b.tgt_out.ne(0).sum(1))
+        else:
+            s["src_pos"] += b.src.numel()
+            s["tgt_pos"] += b.tgt_out.numel()
         s["tgt_words"] += words(b.tgt_out)
         s["budget"] += b.size * max(b.src.size(1), b.tgt_out.size(1))
         n_src = b.src.ne(0).sum(1).double()  # encoder self-attention scores: real query x real key pairs
         s["scores_real"] += float((n_src**2).sum())
-        s["scores_pos"] += b.size * b.src.size(1) ** 2
+        if unit == "context":
+            s["scores_pos"] += sum(k.rows.numel() * k.length**2 for k in bucket_rows(b.src.ne(0).sum(1)))
+        else:
+            s["scores_pos"] += b.size * b.src.size(1) ** 2
         if unit == "document":  # group attention blocks (encoder self, decoder self)
             for tags, keep, causal in (
                 (b.src_groups, b.src.ne(0), False),
@@ -195,7 +205,9 @@ def padding_stats(trainer: Trainer) -> dict:
             pad = plan_packing(b.doc_index, n_docs, b.src.size(1), b.src.ne(0)).padding()
             s["docmem_real"] += int((~pad).sum())
             s["docmem_pos"] += pad.numel()
-            s["doc_attn_pos"] += b.tgt_out.numel() * pad.size(1)  # query positions x slots of the window
+            # the real target positions of a window packed into one query sequence (across buckets) x its slots
+            per_doc = torch.bincount(b.doc_index, weights=b.tgt_out.ne(0).sum(1).double(), minlength=n_docs)
+            s["doc_attn_pos"] += n_docs * int(per_doc.max()) * pad.size(1)
             s["doc_attn_real"] += int(b.tgt_out.ne(0).sum(1).mul(pad.eq(0).sum(1)[b.doc_index]).sum())
     n = len(batches)
     corpus_words = sum(words(torch.from_numpy(t)) for doc in trainer_docs(trainer) for _, t in doc)
@@ -716,7 +728,15 @@ def main() -> int:
     p.add_argument("--test-sentences", type=int, default=24, help="first N sentences of each test document")
     p.add_argument("--translate-rounds", type=int, default=2, help="0 = no translation")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--bucket-overhead",
+        type=int,
+        default=None,
+        help="HM-GDC length buckets: the cost of one more bucket in positions (default: the library's)",
+    )
     args = p.parse_args()
+    if args.bucket_overhead is not None:
+        row_buckets.BUCKET_OVERHEAD = args.bucket_overhead
     if REFERENCE not in args.systems:
         p.error(f"--systems must include {REFERENCE} (the reference of every ratio)")
     out = os.path.abspath(args.out)

@@ -349,7 +349,8 @@ class TrainConfig:
     batch_tokens: int = option(
         4096,
         "padded tokens per batch: B × max(source length, target length + 1), "
-        "markup included (see [data.md](data.md#token-budget)); also the validation "
+        "markup included; `context` (HM-GDC) windows count the sum of their rows' own lengths, since "
+        "their rows run in length buckets (see [data.md](data.md#token-budget)); also the validation "
         "batch size",
         minimum=1,
     )
@@ -501,7 +502,12 @@ class TranslateConfig:
         "sentence stays flat); flag `-window_sentences`",
         minimum=0,
     )
-    batch_tokens: int = option(4096, "padded source tokens per translation batch; flag `-batch_tokens`", minimum=1)
+    batch_tokens: int = option(
+        4096,
+        "padded source tokens per translation batch (`context` windows: the sum of their rows' lengths); flag "
+        "`-batch_tokens`",
+        minimum=1,
+    )
     batch_sentences: int = option(
         0,
         "cap on batch rows: sentences (for the `document` unit: document "

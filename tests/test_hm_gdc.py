@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -18,8 +20,10 @@ from onmt_doc.errors import ConfigError
 from onmt_doc.evaluation.corpus_metrics import report
 from onmt_doc.models.checkpoint import load_model
 from onmt_doc.models.model import full_log_probs
+from onmt_doc.modules import row_buckets
 from onmt_doc.modules.attention import MultiHeadAttention, attention_probs
 from onmt_doc.modules.document_packing import attend_documents, document_memory, plan_packing
+from onmt_doc.modules.row_buckets import bucket_rows, unbucket
 from onmt_doc.train.trainer import train
 from onmt_doc.translate.search import BeamSearch
 from onmt_doc.translate.translator import Translator
@@ -99,14 +103,27 @@ def test_context_windows_with_a_long_pair_are_dropped_whole_and_counted():
     assert dropped == 2 and [(e.first, e.n_sents) for e in examples] == [(2, 2)]
 
 
-def test_context_batches_count_every_sentence_row_against_the_budget():
+def test_context_batches_count_the_real_length_of_every_sentence_row_against_the_budget():
+    """The model computes rows in length buckets, so the budget bounds the rows' summed real
+    lengths (max of source and target with <bos>/<eos>), not rows x the longest row."""
     examples, _ = context_instances(random_docs([6, 3, 3, 1, 1, 6, 2], seed=1))
     lengths = example_lengths(examples)
     budget = 60
-    for idx in token_batches(lengths.sort_order(), lengths, budget):
+    batches = token_batches(lengths.sort_order(), lengths, budget)
+    for k, idx in enumerate(batches):
         batch = collate([examples[i] for i in idx], idx)
-        assert batch.size * batch.src.size(1) <= budget or len(idx) == 1
-        assert batch.size * batch.tgt_out.size(1) <= budget or len(idx) == 1
+        real = torch.maximum(batch.src.ne(PAD_ID).sum(1), batch.tgt_out.ne(PAD_ID).sum(1)).sum()
+        assert real <= budget or len(idx) == 1
+        if k + 1 < len(batches):  # full: the next window would not have fitted
+            nxt = examples[batches[k + 1][0]]
+            assert real + np.maximum(nxt.sent_lens[:, 0], nxt.sent_lens[:, 1] + 1).sum() > budget
+        src_only = batch.src.ne(PAD_ID).sum()
+        assert src_only == sum(examples[i].sent_lens[:, 0].sum() for i in idx)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(len(examples)))
+    assert any(len(idx) > 1 for idx in batches)  # several windows share a batch
+    by_source = token_batches(lengths.sort_order(by_source_only=True), lengths, budget, by_source_only=True)
+    for idx in by_source:
+        assert sum(examples[i].sent_lens[:, 0].sum() for i in idx) <= budget or len(idx) == 1
     # windows of one size are batched together (little padding in per-document attention)
     sizes = [[examples[i].n_sents for i in idx] for idx in ordered_batches(examples, 10**6)]
     assert sizes == [sorted(s) for s in sizes]
@@ -146,7 +163,71 @@ def test_attend_documents_equals_a_loop_over_rows():
         assert torch.allclose(out[r], ref[0], atol=1e-5)
 
 
+def test_row_buckets_are_an_optimal_cut_covering_every_row_once():
+    lengths = torch.tensor([5, 3, 9, 3, 12, 4, 30, 7, 5])
+    for overhead in (0, 4, 20, 10**6):
+        buckets = bucket_rows(lengths, overhead)
+        rows = torch.cat([b.rows for b in buckets])
+        assert sorted(rows.tolist()) == list(range(9))
+        assert all(int(lengths[b.rows].max()) == b.length for b in buckets)
+        cost = sum(b.rows.numel() * b.length + overhead for b in buckets)
+        ordered = sorted(lengths.tolist())
+        best = min(  # every cut of the sorted lengths into runs
+            sum((j - i) * ordered[j - 1] + overhead for i, j in zip((0, *cuts), (*cuts, 9)))
+            for n in range(9)
+            for cuts in itertools.combinations(range(1, 9), n)
+        )
+        assert cost == best
+    assert len(bucket_rows(lengths, 0)) == len(set(lengths.tolist()))
+    assert len(bucket_rows(lengths, 10**6)) == 1
+    x = torch.randn(9, 30, 2)
+    keep = torch.arange(30)[None, :] < lengths[:, None]
+    parts = [b.take(x) for b in bucket_rows(lengths, 0)]
+    assert torch.equal(unbucket(parts, bucket_rows(lengths, 0), 30), x * keep[..., None])
+
+
 # ----------------------------------------------------------------------------- model
+
+
+def per_sentence(model, docs, order, overhead, monkeypatch) -> dict:
+    """{(document, sentence): teacher-forced log-probs} with the documents batched in ``order``
+    (lists of document numbers, one batch each) and rows bucketed with ``overhead``."""
+    monkeypatch.setattr(row_buckets, "BUCKET_OVERHEAD", overhead)
+    out = {}
+    for batch_docs in order:
+        batch = context_batch([docs[d] for d in batch_docs])
+        for r, lp in enumerate(sentence_log_probs(model, batch)):
+            out[batch_docs[int(batch.doc_index[r])], int(batch.first_sent[r])] = lp
+    return out
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_batch_composition_and_length_buckets_do_not_change_log_probs(name, monkeypatch):
+    """The same documents alone, together, in another order, with other documents beside them,
+    in one padded row tensor (no buckets) or one bucket per row length: every sentence keeps its
+    log-probabilities (1e-5)."""
+    model, _ = random_model(VARIANTS[name])
+    docs = random_docs([4, 2, 5, 1, 3], seed=7)
+    docs[2][1] = (np.arange(len(SPECIALS), len(SPECIALS) + 20), docs[2][1][1])  # a long row beside short ones
+    reference = per_sentence(model, docs, [[0, 1, 2, 3, 4]], 10**9, monkeypatch)  # one padded tensor
+    variants = [
+        ([[0, 1, 2, 3, 4]], 0),  # one bucket per length
+        ([[0], [1], [2], [3], [4]], 0),  # a document per batch
+        ([[4, 2], [1, 3, 0]], 0),
+        ([[3, 0, 4, 1, 2]], row_buckets.BUCKET_OVERHEAD),  # the default cut
+    ]
+    for order, overhead in variants:
+        got = per_sentence(model, docs, order, overhead, monkeypatch)
+        assert got.keys() == reference.keys()
+        for key, lp in reference.items():
+            assert torch.allclose(got[key], lp, atol=1e-5), (order, overhead, key)
+
+
+@pytest.mark.parametrize("name", ["both", "document", "own_decoder"])
+def test_stepwise_equals_teacher_forced_with_one_bucket_per_length(name, monkeypatch):
+    monkeypatch.setattr(row_buckets, "BUCKET_OVERHEAD", 0)
+    model, _ = random_model(VARIANTS[name])
+    assert_stepwise_matches(model, context_batch(random_docs([3, 1, 4])), torch.tensor([5, 0, 7, 2, 1, 6, 3, 4]))
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))

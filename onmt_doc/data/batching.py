@@ -117,16 +117,25 @@ class Lengths:
     src: np.ndarray
     tgt: np.ndarray
     rows: np.ndarray
+    # context instances (HM-GDC): the sums over their rows of the real source length and of
+    # max(source, target) length; such models compute rows in length buckets (modules/row_buckets.py),
+    # so the budget counts these sums rather than rows x the longest
+    real_src: Optional[np.ndarray] = None
+    real: Optional[np.ndarray] = None
 
     def sort_order(self, noise: Optional[np.ndarray] = None, by_source_only: bool = False) -> np.ndarray:
         """Bucketing order: by rows (context windows of one size together, so that per-document
-        attention pads little), then target and source length."""
-        keys = [self.src] + ([] if by_source_only else [self.tgt]) + [self.rows]
+        attention pads little), then target and source length (for context windows their summed
+        real lengths: windows of similar size in tokens share a batch)."""
+        src, tgt = (self.src, self.tgt) if self.real is None else (self.real_src, self.real)
+        keys = [src] + ([] if by_source_only else [tgt]) + [self.rows]
         return np.lexsort(([noise] if noise is not None else []) + keys)
 
     def take(self, index: np.ndarray) -> "Lengths":
         """The lengths of the examples at ``index`` (repeats allowed), in that order."""
-        return Lengths(self.src[index], self.tgt[index], self.rows[index])
+        if self.real is None:
+            return Lengths(self.src[index], self.tgt[index], self.rows[index])
+        return Lengths(self.src[index], self.tgt[index], self.rows[index], self.real_src[index], self.real[index])
 
 
 def example_lengths(examples: Sequence[Example]) -> Lengths:
@@ -142,7 +151,16 @@ def example_lengths(examples: Sequence[Example]) -> Lengths:
     src = np.fromiter((longest(e, 0) for e in examples), dtype=np.int64, count=n)
     tgt = np.fromiter((longest(e, 1) + 1 if e.tgt is not None else 0 for e in examples), dtype=np.int64, count=n)
     rows = np.fromiter((e.rows for e in examples), dtype=np.int64, count=n)
-    return Lengths(src, tgt, rows)
+    if all(e.sent_lens is None for e in examples):
+        return Lengths(src, tgt, rows)
+
+    def sums(e: Example) -> tuple[int, int]:
+        lens = e.sent_lens if e.sent_lens is not None else np.array([[len(e.src), 0]])
+        row_tgt = lens[:, 1] + 1 if e.tgt is not None else 0  # <bos>/<eos>
+        return int(lens[:, 0].sum()), int(np.maximum(lens[:, 0], row_tgt).sum())
+
+    real_src, real = np.array([sums(e) for e in examples], dtype=np.int64).reshape(n, 2).T
+    return Lengths(src, tgt, rows, real_src, real)
 
 
 def token_batches(
@@ -152,7 +170,11 @@ def token_batches(
     (and rows <= max_rows when set).
 
     An example longer than the budget forms a batch of its own rather than being dropped.
+    Context instances (``lengths.real`` set) count the sum of their rows' real lengths instead:
+    their models run rows in length buckets, so that is what a batch computes.
     """
+    if lengths.real is not None:
+        return _real_token_batches(order, lengths, batch_tokens, max_rows, by_source_only)
     size = lengths.src if by_source_only else np.maximum(lengths.src, lengths.tgt)
     batches, start, longest, rows = [], 0, 0, 0
     for i, idx in enumerate(order):
@@ -161,6 +183,23 @@ def token_batches(
             batches.append(order[start:i])
             start, longest, rows = i, 0, 0
         longest, rows = max(longest, n), rows + r
+    if len(order) > start:
+        batches.append(order[start:])
+    return batches
+
+
+def _real_token_batches(
+    order: np.ndarray, lengths: Lengths, batch_tokens: int, max_rows: int, by_source_only: bool
+) -> list[np.ndarray]:
+    """:func:`token_batches` for context instances: the rows' summed real lengths <= batch_tokens."""
+    size = lengths.real_src if by_source_only else lengths.real
+    batches, start, total, rows = [], 0, 0, 0
+    for i, idx in enumerate(order):
+        n, r = size[idx], lengths.rows[idx]
+        if i > start and (total + n > batch_tokens or (max_rows and rows + r > max_rows)):
+            batches.append(order[start:i])
+            start, total, rows = i, 0, 0
+        total, rows = total + n, rows + r
     if len(order) > start:
         batches.append(order[start:])
     return batches

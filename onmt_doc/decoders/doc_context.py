@@ -15,14 +15,16 @@ the per-layer document keys/values (shared, never reordered) and each row's docu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Optional
+from functools import partial
+from typing import Any, Callable, ClassVar, Literal, Optional
 
 import torch
 
 from onmt_doc.config import option
 from onmt_doc.data.batching import Batch
+from onmt_doc.data.vocab import PAD_ID
 from onmt_doc.decoders import REGISTRY
-from onmt_doc.decoders.base import LengthLimit
+from onmt_doc.decoders.base import DecoderOut, LengthLimit
 from onmt_doc.decoders.transformer import (
     TransformerDecoder,
     TransformerDecoderConfig,
@@ -30,7 +32,13 @@ from onmt_doc.decoders.transformer import (
     TransformerState,
 )
 from onmt_doc.modules.attention import KV, MultiHeadAttention
-from onmt_doc.modules.document_packing import DocumentMemory, attend_documents, document_memory
+from onmt_doc.modules.document_packing import (
+    DocumentMemory,
+    attend_documents,
+    attend_documents_rows,
+    document_memory,
+)
+from onmt_doc.modules.row_buckets import RowBucket, bucket_rows, unbucket
 from onmt_doc.parts import EncoderOut, PartContext
 
 
@@ -80,6 +88,24 @@ class DocContextDecoderLayer(TransformerDecoderLayer):
         g = attend_documents(self.doc_attn, h, row_doc, doc, probe="dec_doc_context")  # eq. 9: G
         return e + g  # eq. 10: H = E + G
 
+    def forward_buckets(
+        self,
+        xs: list[torch.Tensor],
+        memory_kvs: list[KV],
+        memory_masks: list[torch.Tensor],
+        doc_attention: Callable[[list[torch.Tensor]], list[torch.Tensor]],
+    ) -> list[torch.Tensor]:
+        """:meth:`forward` for rows in length buckets xs[i] [r_i, T_i, D], each with its memory; the
+        DocEnc–Decoder attention G of all buckets is one call of ``doc_attention`` (queries of every
+        bucket -> G of every bucket), so it can pack them per document across buckets."""
+        xs = [self.self_res(x, lambda h: self.self_attn(h, is_causal=True)) for x in xs]
+        gs = doc_attention([self.cross_res.normed(x) for x in xs])  # eq. 9: G
+        xs = [
+            self.cross_res(x, lambda h, kv=kv, mask=mask, g=g: self.cross_attn.cross(h, kv, mask) + g)  # eq. 10
+            for x, kv, mask, g in zip(xs, memory_kvs, memory_masks, gs)
+        ]
+        return [self.ff_res(x, self.ff) for x in xs]
+
 
 @REGISTRY.register("doc_context", DocContextDecoderConfig)
 class DocContextDecoder(TransformerDecoder):
@@ -113,6 +139,45 @@ class DocContextDecoder(TransformerDecoder):
         row_doc = self._row_memory(enc_out)
         return [(doc, row_doc) for doc in self._document_memories(enc_out)]
 
+    def forward(self, tgt_in: torch.Tensor, enc_out: EncoderOut, batch: Batch) -> DecoderOut:
+        """Teacher-forced pass, ``tgt_in`` [R, T] -> ``hidden`` [R, T, D], run per length bucket of the
+        target rows (``row_buckets``): each bucket reads its rows' memory trimmed to their longest
+        source. With ``context: document`` the keys/values of C are computed once and every layer's
+        DocEnc–Decoder attention packs the real target positions of all buckets per document."""
+        src_len = enc_out.pad_mask.eq(0).sum(1)
+        keep = tgt_in.ne(PAD_ID)
+        buckets = bucket_rows(keep.sum(1))
+        xs, memories, masks = [], [], []
+        for b in buckets:
+            memory_rows = RowBucket(b.rows, max(int(src_len.index_select(0, b.rows).max()), 1))
+            memories.append(memory_rows.take(enc_out.memory))
+            masks.append((~memory_rows.take(enc_out.pad_mask))[:, None, None, :])
+            xs.append(self.embeddings(b.take(tgt_in)))
+        if self.context == "document":  # eq. 8: C, shared by every bucket
+            row_doc, keeps = enc_out.extra["row_doc"], [b.take(keep) for b in buckets]
+            row_docs = [row_doc.index_select(0, b.rows) for b in buckets]
+            documents = self._document_memories(enc_out)
+        else:  # h^ctx_i: each row reads its own (the bucket's rows, trimmed like the memory)
+            own = [
+                RowBucket(b.rows, m.size(1)).take(enc_out.extra["sentence_context"]) for b, m in zip(buckets, memories)
+            ]
+            rows = [torch.arange(b.rows.numel(), device=tgt_in.device) for b in buckets]
+        for layer_number, layer in enumerate(self.layers):
+            if self.context == "document":
+                doc_attention = partial(
+                    attend_documents_rows,
+                    layer.doc_attn,
+                    row_docs=row_docs,
+                    memory=documents[layer_number],
+                    keeps=keeps,
+                    probe="dec_doc_context",
+                )
+            else:
+                doc_attention = partial(own_attention, layer.doc_attn, rows=rows, own=own, masks=masks)
+            kvs = [layer.cross_attn.memory_kv(m) for m in memories]
+            xs = layer.forward_buckets(xs, kvs, masks, doc_attention)
+        return DecoderOut(unbucket([self.final_norm(x) for x in xs], buckets, tgt_in.size(1)))
+
     def init_state(self, enc_out: EncoderOut, batch: Batch, limit: Optional[LengthLimit] = None) -> DocContextState:
         """The Transformer's state plus the document memories, computed once per batch."""
         base = super().init_state(enc_out, batch, limit)
@@ -128,3 +193,18 @@ class DocContextDecoder(TransformerDecoder):
     def state_contexts(self, state: DocContextState) -> list[DocumentContext]:
         """``layer_contexts`` from the decoding state, so steps do not recompute the document memories."""
         return [(doc, state.row_doc) for doc in state.doc_memory]
+
+
+def own_attention(
+    attn: MultiHeadAttention,
+    hs: list[torch.Tensor],
+    rows: list[torch.Tensor],
+    own: list[torch.Tensor],
+    masks: list[torch.Tensor],
+) -> list[torch.Tensor]:
+    """``context: own_sentence`` per bucket: queries hs[i] [r_i, T_i, D] attend to their own row's
+    words h^ctx_i, own[i] [r_i, S_i, D] (memory keep-masks [r_i, 1, 1, S_i]); ``rows`` [r_i] = arange."""
+    return [
+        attend_documents(attn, h, r, document_memory(attn, c, ~m[:, 0, 0]), "dec_doc_context")
+        for h, r, c, m in zip(hs, rows, own, masks)
+    ]

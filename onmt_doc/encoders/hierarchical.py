@@ -21,7 +21,7 @@ model initialises it (two-step training, ``train.init_from``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -30,14 +30,16 @@ from torch import nn
 
 from onmt_doc.config import Config, option
 from onmt_doc.data.batching import Batch
+from onmt_doc.data.vocab import PAD_ID
 from onmt_doc.encoders import REGISTRY
 from onmt_doc.encoders.transformer import TransformerEncoder, TransformerEncoderConfig, TransformerEncoderLayer
 from onmt_doc.errors import ConfigError
 from onmt_doc.modules import analysis
 from onmt_doc.modules.attention import MultiHeadAttention
-from onmt_doc.modules.document_packing import attend_documents, document_memory, plan_packing
+from onmt_doc.modules.document_packing import attend_documents_rows, document_memory, plan_packing
 from onmt_doc.modules.dropout import Dropout
 from onmt_doc.modules.embeddings import SinusoidalPositions
+from onmt_doc.modules.row_buckets import batch_order, bucket_rows, unbucket
 from onmt_doc.parts import EncoderOut, PartContext
 from onmt_doc.registry import registry_for
 
@@ -131,34 +133,44 @@ class HierarchicalEncoder(TransformerEncoder):
 
     def forward(self, batch: Batch) -> EncoderOut:
         """Rows [R, S] of ``batch.src`` -> words with context [R, S, D] (eqs. 1–7) and, in ``extra``, the
-        packed document context (eq. 8)."""
-        sent = super().forward(batch)  # eq. 1: H_i = SentEnc(S_i)
-        h, pad = sent.memory, sent.pad_mask
-        row_doc = batch.doc_index.to(h.device)
-        n_docs = int(row_doc.max()) + 1
+        packed document context (eq. 8). The per-row parts run per length bucket (``row_buckets``),
+        the document encoder over the sentence vectors of the whole batch."""
+        pad = batch.src.eq(PAD_ID)
         keep = ~pad
-        sentences = self.pool(self.sentence_attn(h, keep[:, None, None, :]), keep)  # eqs. 2-3: [R, D]
+        row_doc = batch.doc_index.to(batch.src.device)
+        n_docs = int(row_doc.max()) + 1
+        buckets = bucket_rows(keep.sum(1))
+        keeps = [b.take(keep) for b in buckets]
+        h_parts, sentences = [], []
+        for b, keep_b in zip(buckets, keeps):
+            sub = replace(batch, src=b.take(batch.src), src_groups=b.take(batch.src_groups))
+            h_b = super().forward(sub).memory  # eq. 1: H_i = SentEnc(S_i)
+            sentences.append(self.pool(self.sentence_attn(h_b, keep_b[:, None, None, :]), keep_b))  # eqs. 2-3
+            h_parts.append(h_b)
+        sentences = torch.cat(sentences).index_select(0, batch_order(buckets))  # [R, D] in batch order
         h_s, sent_pad = self.encode_document(sentences, row_doc, n_docs)  # eq. 4: [G, N, D]
         if self.context == "own_sentence":  # eqs. 5-6, H^S_i
             own_slot = plan_packing(row_doc, n_docs).unpack(h_s)  # [R, 1, D]
-            d_ctx = own_sentence_context(self.context_attn, h, own_slot, keep)
-        else:  # eqs. 5-6, all H^S_k
-            d_ctx = attend_documents(
-                self.context_attn,
-                h,
-                row_doc,
-                document_memory(self.context_attn, h_s, sent_pad),
-                probe="enc_doc_context",
-            )
-        h_ctx = h + self.context_dropout(d_ctx)  # eq. 7
-        words = plan_packing(row_doc, n_docs, h.size(1), keep)
+            d_ctx = [
+                own_sentence_context(self.context_attn, h_b, own_slot.index_select(0, b.rows), keep_b)
+                for b, h_b, keep_b in zip(buckets, h_parts, keeps)
+            ]
+        else:  # eqs. 5-6, all H^S_k; the real words of all buckets packed per document
+            row_docs = [row_doc.index_select(0, b.rows) for b in buckets]
+            doc_memory = document_memory(self.context_attn, h_s, sent_pad)
+            d_ctx = attend_documents_rows(self.context_attn, h_parts, row_docs, doc_memory, keeps, "enc_doc_context")
+        ctx_parts = [h_b + self.context_dropout(d) for h_b, d in zip(h_parts, d_ctx)]  # eq. 7
+        length = batch.src.size(1)
+        h_ctx = unbucket(ctx_parts, buckets, length)
+        words = plan_packing(row_doc, n_docs, length, keep)
         extra = {
             "doc_memory": words.pack(h_ctx),
             "doc_memory_pad": words.padding(),
             "row_doc": row_doc,  # eq. 8
             "sentence_context": h_ctx,
         }
-        return EncoderOut(h_ctx if self.word_context else h, pad, batch.src_groups, extra)
+        memory = h_ctx if self.word_context else unbucket(h_parts, buckets, length)
+        return EncoderOut(memory, pad, batch.src_groups, extra)
 
     def pool(self, a: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """eq. 3: one vector per sentence from the self-attention outputs a [R, S, D]."""

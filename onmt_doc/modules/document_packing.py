@@ -11,7 +11,7 @@ batching keeps small (windows of one size are batched together).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -101,12 +101,44 @@ def attend_documents(
     The rows of a document are packed into one query sequence [G, M·T] so the document's keys and
     values are used once, not copied per row (a document of n sentences would otherwise hold n
     copies). Returns [R, T, D]."""
-    rows, t, _ = h.shape
-    packing = plan_packing(row_doc, memory.mask.size(0), t)
-    q = attn.project_q(h).transpose(1, 2)  # [R, T, H, d]
-    q = packing.pack(q).transpose(1, 2)  # [G, H, M·T, d]
+    return attend_documents_rows(attn, [h], [row_doc], memory, probe=probe)[0]
+
+
+def attend_documents_rows(
+    attn: MultiHeadAttention,
+    hs: Sequence[torch.Tensor],
+    row_docs: Sequence[torch.Tensor],
+    memory: DocumentMemory,
+    keeps: Optional[Sequence[torch.Tensor]] = None,
+    probe: Optional[str] = None,
+) -> list[torch.Tensor]:
+    """:func:`attend_documents` for rows in several groups at once (length buckets, ``row_buckets``):
+    queries hs[i] [r_i, T_i, D] of rows of documents row_docs[i] [r_i]. The query positions of
+    every group (only the ``keeps[i]`` [r_i, T_i] ones where given) are packed per document in one
+    sequence, so a document's rows spread over buckets still share one packed query sequence.
+    Returns [r_i, T_i, D] per group, zeros at positions not kept."""
+    queries, docs = [], []
+    for i, (h, row_doc) in enumerate(zip(hs, row_docs)):
+        r, t, d = h.shape
+        doc = row_doc[:, None].expand(r, t)
+        if keeps is None:
+            h, doc = h.reshape(r * t, d), doc.reshape(-1)
+        else:
+            h, doc = h[keeps[i]], doc[keeps[i]]
+        queries.append(attn.q(h).view(-1, 1, attn.heads, attn.d_head))  # [K_i, 1, H, d_head]
+        docs.append(doc)
+    packing = plan_packing(torch.cat(docs), memory.mask.size(0))
+    q = packing.pack(torch.cat(queries)).transpose(1, 2)  # [G, H, M, d_head]
     query_probe: Optional[Probe] = None
     if probe is not None:
         query_probe = (probe, ~packing.padding())
-    out = attn.attend(q, memory.kv[0], memory.kv[1], memory.mask, probe=query_probe)  # [G, M·T, D]
-    return packing.unpack(out)
+    out = packing.unpack(attn.attend(q, memory.kv[0], memory.kv[1], memory.mask, probe=query_probe))[:, 0]
+    results = []
+    for h, part, keep in zip(hs, out.split([len(d) for d in docs]), keeps or [None] * len(hs)):
+        r, t, d = h.shape
+        if keep is None:
+            results.append(part.view(r, t, d))
+        else:
+            where = keep.reshape(-1).nonzero().squeeze(1)
+            results.append(part.new_zeros(r * t, d).index_copy(0, where, part).view(r, t, d))
+    return results
