@@ -45,6 +45,16 @@ def add_data_argument(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_shape_arguments(p: argparse.ArgumentParser, global_layers: int, global_help: str) -> None:
+    """``--d-model --layers --heads --ff --global-layers``: the model shape of the document-level
+    benchmarks (defaults: d_model 256, 3+3 layers, 4 heads, ff 1024, the paper shapes scaled to CPU)."""
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--layers", type=int, default=3)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--ff", type=int, default=1024)
+    p.add_argument("--global-layers", type=int, default=global_layers, help=global_help)
+
+
 def multi30k(data: str) -> str:
     """The Multi30k en-de folder of a data root."""
     return os.path.join(data, "multi30k-en-de")

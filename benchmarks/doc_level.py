@@ -41,7 +41,16 @@ import os
 import sys
 import time
 
-from common import add_data_argument, copy_vocab, read_json, run_streamed, scores, write_json, write_yaml
+from common import (
+    add_data_argument,
+    add_shape_arguments,
+    copy_vocab,
+    read_json,
+    run_streamed,
+    scores,
+    write_json,
+    write_yaml,
+)
 
 DOMAINS = ("ted", "news", "europarl")
 HELD_OUT_DOCS = 4
@@ -212,11 +221,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=800)
     p.add_argument("--pretrain-steps", type=int, default=1200)
     p.add_argument("--finetune-steps", type=int, default=400)
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--layers", type=int, default=3)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--ff", type=int, default=1024)
-    p.add_argument("--global-layers", type=int, default=2)
+    add_shape_arguments(p, 2, "G-Transformer combined layers per stack; HM-GDC document layers")
     p.add_argument(
         "--hm-window", type=int, default=20, help="HM-GDC document windows (data.max_sentences; 0 = whole documents)"
     )

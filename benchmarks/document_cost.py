@@ -62,7 +62,16 @@ from collections import defaultdict
 from typing import Callable
 
 import torch
-from common import CpuMonitor, add_data_argument, copy_vocab, cpu_model, log, read_lines, write_results
+from common import (
+    CpuMonitor,
+    add_data_argument,
+    add_shape_arguments,
+    copy_vocab,
+    cpu_model,
+    log,
+    read_lines,
+    write_results,
+)
 
 from onmt_doc.config import config_from_dict
 from onmt_doc.data.batching import Batch, collate
@@ -705,15 +714,8 @@ def main() -> int:
     add_data_argument(p)
     p.add_argument("--systems", nargs="+", default=SYSTEMS, choices=SYSTEMS)
     p.add_argument("--translate-systems", nargs="+", default=["transformer", "g_transformer", "hm_gdc"])
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--layers", type=int, default=3)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--ff", type=int, default=1024)
-    p.add_argument(
-        "--global-layers",
-        type=int,
-        default=1,
-        help="G-Transformer combined layers (per stack) and HM-GDC doc_layers; the paper's 2 of 6 is 1 of 3",
+    add_shape_arguments(
+        p, 1, "G-Transformer combined layers (per stack) and HM-GDC doc_layers; the paper's 2 of 6 is 1 of 3"
     )
     p.add_argument("--vocab", type=int, default=8000)
     p.add_argument("--batch-tokens", type=int, default=2048)

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 
-from common import thread_env, write_json
+from common import add_shape_arguments, thread_env, write_json
 
 
 def _rss_kib() -> int:
@@ -249,16 +249,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lengths", type=int, nargs="+", default=[128, 256, 512, 1024, 2048])
     p.add_argument("--batch", type=int, default=2, help="instances per batch")
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--layers", type=int, default=3)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--ff", type=int, default=1024)
-    p.add_argument(
-        "--global-layers",
-        type=int,
-        default=0,
-        help="combined layers per stack (0 = group attention only: isolates its cost)",
-    )
+    add_shape_arguments(p, 0, "combined layers per stack (0 = group attention only: isolates its cost)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default="runs/bench_group")

@@ -59,3 +59,14 @@ def record_raw_hypotheses(translator) -> list:
 
     translator.search.search = recording_search
     return raw
+
+
+def assert_forced_scores_keep_breaks(translator, toy_dir, out_path) -> None:
+    """``-score`` of the toy references through ``translator``: one negative log-probability per
+    sentence line, and a blank line exactly where the source has a document break."""
+    with open(out_path, "w", encoding="utf-8") as out:
+        translator.run_files(str(toy_dir / "test.src"), out, tgt=str(toy_dir / "test.tgt"), score=True)
+    src = (toy_dir / "test.src").read_text(encoding="utf-8").split("\n")
+    lines = out_path.read_text(encoding="utf-8").split("\n")
+    assert [not line.strip() for line in lines] == [not line.strip() for line in src]
+    assert all(float(line) < 0 for line in lines if line.strip())

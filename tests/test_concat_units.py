@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import tiny_config
+from model_helpers import assert_forced_scores_keep_breaks
 
 from onmt_doc.config import config_from_dict
 from onmt_doc.data.batching import collate
@@ -123,14 +124,7 @@ def test_one_output_line_per_input_line_with_document_breaks_kept(k_to_k_run, to
     assert len(lines) == len(src)
     assert [not line.strip() for line in lines] == [not line.strip() for line in src]
     # forced decoding of the references: one score per line, breaks kept
-    scored = tmp_path / "test.scores"
-    with open(scored, "w", encoding="utf-8") as out:
-        Translator(model, codec, saved).run_files(
-            str(toy_dir / "test.src"), out, tgt=str(toy_dir / "test.tgt"), score=True
-        )
-    scores = scored.read_text(encoding="utf-8").split("\n")
-    assert [not line.strip() for line in scores] == [not line.strip() for line in src]
-    assert all(float(x) < 0 for x in scores if x.strip())
+    assert_forced_scores_keep_breaks(Translator(model, codec, saved), toy_dir, tmp_path / "test.scores")
 
 
 def _k_to_k_batch(codec, sentences):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import init_from_run, make_trainer, tiny_config
-from model_helpers import N_WORDS, random_model
+from model_helpers import N_WORDS, assert_forced_scores_keep_breaks, random_model
 from test_decoding import assert_stepwise_matches
 
 from onmt_doc.config import config_from_dict
@@ -499,11 +499,4 @@ def test_context_windows_keep_the_output_aligned_line_by_line(hm_run, toy_dir, t
     assert [not line.strip() for line in out_lines] == [not line.strip() for line in src]
     assert scores["bleu"] > 50, scores
     # forced decoding (-score) of the references: one log-probability per line, breaks kept
-    scored = tmp_path / "test.scores"
-    with open(scored, "w", encoding="utf-8") as out:
-        Translator(model, codec, saved).run_files(
-            str(toy_dir / "test.src"), out, tgt=str(toy_dir / "test.tgt"), score=True
-        )
-    lines = scored.read_text(encoding="utf-8").split("\n")
-    assert [not line.strip() for line in lines] == [not line.strip() for line in src]
-    assert all(float(line) < 0 for line in lines if line.strip())
+    assert_forced_scores_keep_breaks(Translator(model, codec, saved), toy_dir, tmp_path / "test.scores")
