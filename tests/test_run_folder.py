@@ -287,3 +287,25 @@ def test_negative_thread_counts_are_one_line(toy_dir, data, tmp_path):
         config_from_dict(config(toy_dir, data, tmp_path / "run", threads=-2))
     proc = run_cli(*module_cmd("onmt_doc.bin.translate"), "-model", "none.pt", "-src", "none.txt", "-threads", "-1")
     assert_one_line_error(proc, "-threads must be 0 or more (got -1)")
+
+
+def test_context_runs_record_their_batch_budget_and_older_ones_are_refused_on_resume():
+    """HM-GDC windows are batched by the sum of their rows' real lengths: the fingerprint says so,
+    and a checkpoint written before (no such entry: rows x the longest row) would mean other
+    batches, so resuming it exactly is refused; other units' fingerprints have no entry."""
+    import numpy as np
+
+    from onmt_doc.data.instances import build_instances
+    from onmt_doc.train.run_folder import data_fingerprint, fingerprint_changes
+
+    docs = [[(np.arange(4, 4 + n), np.arange(5, 5 + n)) for n in (3, 7, 2)]]
+    cfg = config_from_dict({})
+    context, _ = build_instances("context", docs, 512, max_sentences=2)
+    sentence, _ = build_instances("sentence", docs, 512)
+    new = data_fingerprint(context, cfg, 1)
+    assert new["batch_budget"] == "sum of real row lengths"
+    assert "batch_budget" not in data_fingerprint(sentence, cfg, 1)
+    old = {k: v for k, v in new.items() if k != "batch_budget"}
+    changes = fingerprint_changes(old, new)
+    assert len(changes) == 1 and "batch budget of context windows (rows x the longest row ->" in changes[0]
+    assert fingerprint_changes(new, new) == []

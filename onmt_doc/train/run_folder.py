@@ -146,6 +146,9 @@ DATA_KEYS = (
 )
 # keys the batch list depends on besides the examples
 ORDER_KEYS = ("train.batch_tokens", "train.seed", "processes")
+# how ``context`` (HM-GDC) batches count the budget (data/batching.py); runs whose fingerprint lacks it
+# were batched by rows x the longest row, so their data position means other batches
+CONTEXT_BUDGET = "sum of real row lengths"
 
 
 def examples_digest(examples: Sequence[Example]) -> str:
@@ -197,12 +200,17 @@ def data_fingerprint(examples: Sequence[Example], cfg: Config, world: int, mix: 
     }
     if mix is not None and len(mix.sizes) > 1:
         out["corpora"] = [[n, size, w] for n, size, w in zip(mix.names, mix.sizes, mix.weights)]
+    if any(e.sent_lens is not None for e in examples):
+        out["batch_budget"] = CONTEXT_BUDGET
     return out
 
 
 def fingerprint_changes(old: dict, new: dict) -> list[str]:
     """Human-readable differences that invalidate ``old``'s data position (empty: none)."""
     changes = [f"{k} {old.get(k)} -> {new[k]}" for k in ORDER_KEYS if old.get(k) != new[k]]
+    if old.get("batch_budget") != new.get("batch_budget"):
+        before = old.get("batch_budget", "rows x the longest row")
+        changes.append(f"the batch budget of context windows ({before} -> {new.get('batch_budget')}; a newer onmt_doc)")
     if old.get("corpora") != new.get("corpora"):
         changes.append(f"the training corpora [name, examples, weight] {old.get('corpora')} -> {new.get('corpora')}")
     if old.get("examples") != new["examples"]:
