@@ -202,13 +202,13 @@ def padding_stats(trainer: Trainer) -> dict:
                 (b.src_groups, b.src.ne(0), False),
                 (b.tgt_groups, b.tgt_in.ne(0), True),
             ):
-                plan = plan_self(tags, keep, causal)
-                s["block_real"] += int(plan.q_valid.sum())
-                s["block_pos"] += plan.q_valid.numel()
-                if not causal:  # [G, L, L] block scores of the encoder's group self-attention
-                    n_block = plan.q_valid.sum(1).double()
-                    s["block_scores_real"] += float((n_block**2).sum())
-                    s["block_scores_pos"] += plan.q_valid.numel() * plan.q_valid.size(1)
+                for blk in plan_self(tags, keep, causal).buckets:  # summed over the length buckets
+                    s["block_real"] += int(blk.q_valid.sum())
+                    s["block_pos"] += blk.q_valid.numel()
+                    if not causal:  # [g, L, L] block scores of the encoder's group self-attention
+                        n_block = blk.q_valid.sum(1).double()
+                        s["block_scores_real"] += float((n_block**2).sum())
+                        s["block_scores_pos"] += blk.q_valid.numel() * blk.q_valid.size(1)
         if unit == "context":  # the packed document memory C (eq. 8) every target position attends to
             n_docs = int(b.doc_index.max()) + 1
             pad = plan_packing(b.doc_index, n_docs, b.src.size(1), b.src.ne(0)).padding()

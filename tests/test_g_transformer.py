@@ -125,9 +125,9 @@ def test_group_attention_never_builds_an_n_by_n_mask():
     """Blocks are as long as the longest sentence, not the instance."""
     lengths = [[25] * 40]
     tags, keep = random_tags(None, lengths, 1000, with_bos=False)
-    plan = plan_self(tags, keep, causal=False)
-    assert plan.q_index.shape == plan.k_index.shape == (40, 25)
-    assert plan.mask.numel() <= 40 * 25 * 25
+    (blocks,) = plan_self(tags, keep, causal=False).buckets  # equal lengths: one bucket
+    assert blocks.q_index.shape == blocks.k_index.shape == (40, 25)
+    assert blocks.mask.numel() <= 40 * 25 * 25
 
 
 # ---------------------------------------------------------------- decoding

@@ -3,8 +3,10 @@
 A query with group tag k attends only to keys with tag k (its own sentence in self-attention, the
 aligned source sentence in cross-attention); a query with tag 0 (``<bos>``) is not restricted.
 Masking an N×N score matrix would cost O(N²) for an N-token instance. Instead the tokens of each
-sentence are gathered into a block of their own, attention runs over a [G, L, L] batch of blocks
-(L = longest sentence), and the outputs are scattered back: O(N·L) time and memory.
+sentence are gathered into a block of their own, attention runs over batches of blocks, and the
+outputs are scattered back: O(N·L) time and memory. Sentences differ widely in length, so the
+blocks are sorted by length and cut into a few length buckets (``row_buckets``), each padded
+only to its own longest sentence: one SDPA call per bucket.
 
 A :class:`BlockPlan` holds the gather/scatter indices of one batch; it is built once per forward
 pass and shared by every layer.
@@ -21,25 +23,33 @@ import torch.nn.functional as F
 from onmt_doc.modules import analysis
 from onmt_doc.modules.attention import attention_probs
 from onmt_doc.modules.document_packing import group_slots
+from onmt_doc.modules.row_buckets import bucket_rows
+
+
+@dataclass
+class Blocks:
+    """One length bucket of g blocks: the sentences of similar length, padded to the bucket's longest."""
+
+    q_index: torch.Tensor  # [g, Lq] flat query positions (row * Nq + i) of each block
+    k_index: torch.Tensor  # [g, Lk] flat key positions of the same sentence
+    q_valid: torch.Tensor  # [g, Lq] slot holds a real query
+    mask: torch.Tensor  # [g, 1, Lq, Lk] True where a query may attend
+    has_keys: Optional[torch.Tensor]  # [g, 1, 1, 1] (cross-attention) the sentence has source keys
 
 
 @dataclass
 class BlockPlan:
     """Gather/scatter indices of one batch's group attention, from :func:`plan_self` or :func:`plan_cross`.
 
-    G blocks of L slots each; Nq/Nk are the query/key positions of a row. Built once per forward
-    pass and shared by every layer, so the index arithmetic is not repeated per layer.
+    The blocks come in length buckets; Nq/Nk are the query/key positions of a row. Built once per
+    forward pass and shared by every layer, so the index arithmetic is not repeated per layer.
     """
 
-    q_index: torch.Tensor  # [G, Lq] flat query positions (row * Nq + i) of each block
-    k_index: torch.Tensor  # [G, Lk] flat key positions of the same sentence
-    q_valid: torch.Tensor  # [G, Lq] slot holds a real query
-    mask: torch.Tensor  # [G, 1, Lq, Lk] True where a query may attend
-    has_keys: Optional[torch.Tensor]  # [G, 1, 1, 1] (cross-attention) the sentence has source keys
+    buckets: list[Blocks]
     free_pos: torch.Tensor  # [M] flat positions of tag-0 queries, which see their whole row
     free_row: torch.Tensor  # [M] batch row of each
     free_mask: torch.Tensor  # [M, 1, 1, Nk]
-    inverse: torch.Tensor  # [B * Nq] row of [block slots; free queries; zero] holding each output
+    inverse: torch.Tensor  # [B * Nq] row of [block slots of every bucket; free queries; zero] holding each output
 
 
 GROUP, GLOBAL, COMBINED = "group", "global", "combined"
@@ -74,58 +84,91 @@ def _free_queries(tags: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor,
     return pos, pos // tags.size(1)
 
 
+def _bucketed(
+    q_index: torch.Tensor,
+    q_valid: torch.Tensor,
+    k_index: torch.Tensor,
+    k_valid: torch.Tensor,
+    causal: bool,
+    cross: bool,
+    overhead: Optional[int],
+) -> list[Blocks]:
+    """Blocks [G, L] cut into length buckets by their query length (:func:`~onmt_doc.modules.row_buckets.bucket_rows`),
+    each trimmed to its longest query and key sentence; masks as for one bucket."""
+    buckets = []
+    k_len = k_valid.sum(1)
+    for rb in bucket_rows(q_valid.sum(1), overhead):
+        lq = rb.length
+        lk = max(int(k_len[rb.rows].max()), 1) if cross else lq
+        qi, qv = q_index[rb.rows, :lq], q_valid[rb.rows, :lq]
+        ki, kv = k_index[rb.rows, :lk], k_valid[rb.rows, :lk]
+        if cross:
+            has_keys = kv.any(1)[:, None, None, None]
+            # a target sentence without a source sentence (malformed input) gets a zero output, not NaN
+            mask = (kv[:, None, None, :] | ~has_keys).expand(-1, 1, lq, -1)
+        else:
+            has_keys = None
+            mask = kv[:, None, None, :]
+            if causal:  # slots hold a sentence's tokens in order, so causality is the block's lower triangle
+                mask = mask & torch.ones(lq, lq, dtype=torch.bool, device=qi.device).tril()
+        buckets.append(Blocks(qi, ki, qv, mask, has_keys))
+    return buckets
+
+
 def _finish(
     q_tags: torch.Tensor,
-    q_index: torch.Tensor,
-    k_index: torch.Tensor,
-    q_valid: torch.Tensor,
-    mask: torch.Tensor,
-    has_keys: Optional[torch.Tensor],
+    buckets: list[Blocks],
     free_pos: torch.Tensor,
     free_row: torch.Tensor,
     free_mask: torch.Tensor,
 ) -> BlockPlan:
     """Complete a plan with the inverse map that scatters outputs back by one gather."""
-    n_slots = q_index.numel()
-    inverse = torch.full((q_tags.numel(),), n_slots + free_pos.numel(), dtype=torch.long, device=q_tags.device)
-    slots = q_valid.reshape(-1).nonzero().squeeze(1)
-    inverse[q_index.reshape(-1)[slots]] = slots
-    inverse[free_pos] = n_slots + torch.arange(free_pos.numel(), device=q_tags.device)
-    return BlockPlan(q_index, k_index, q_valid, mask, has_keys, free_pos, free_row, free_mask, inverse)
+    n_slots = sum(b.q_index.numel() for b in buckets)
+    device = q_tags.device
+    inverse = torch.full((q_tags.numel(),), n_slots + free_pos.numel(), dtype=torch.long, device=device)
+    offset = 0
+    for b in buckets:
+        slots = b.q_valid.reshape(-1).nonzero().squeeze(1)
+        inverse[b.q_index.reshape(-1)[slots]] = slots + offset
+        offset += b.q_index.numel()
+    inverse[free_pos] = n_slots + torch.arange(free_pos.numel(), device=device)
+    return BlockPlan(buckets, free_pos, free_row, free_mask, inverse)
 
 
-def plan_self(tags: torch.Tensor, keep: torch.Tensor, causal: bool) -> BlockPlan:
-    """Self-attention blocks (tags x/x in the encoder, y/y plus causal in the decoder)."""
+def plan_self(tags: torch.Tensor, keep: torch.Tensor, causal: bool, overhead: Optional[int] = None) -> BlockPlan:
+    """Self-attention blocks (tags x/x in the encoder, y/y plus causal in the decoder). ``overhead``:
+    the cost of one more length bucket in positions (None: ``row_buckets.BUCKET_OVERHEAD``; a huge
+    value gives a single bucket padded to the longest sentence)."""
     n_groups = max(int(tags.max()), 1)
     index, valid = _blocks(tags, keep, n_groups)
     used = valid[:, 0]
     index, valid = index[used], valid[used]
-    mask = valid[:, None, None, :]
-    if causal:  # slots hold a sentence's tokens in order, so causality is the block's lower triangle
-        length = valid.size(1)
-        mask = mask & torch.ones(length, length, dtype=torch.bool, device=tags.device).tril()
+    buckets = _bucketed(index, valid, index, valid, causal, False, overhead)
     free_pos, free_row = _free_queries(tags, keep)
     free_mask = keep[free_row]
     if causal:
         n = tags.size(1)
         free_mask = free_mask & (torch.arange(n, device=tags.device) <= (free_pos % n)[:, None])
-    return _finish(tags, index, index, valid, mask, None, free_pos, free_row, free_mask[:, None, None, :])
+    return _finish(tags, buckets, free_pos, free_row, free_mask[:, None, None, :])
 
 
-def plan_cross(q_tags: torch.Tensor, q_keep: torch.Tensor, k_tags: torch.Tensor, k_keep: torch.Tensor) -> BlockPlan:
-    """Cross-attention blocks: target sentence k attends to source sentence k (tags y/x)."""
+def plan_cross(
+    q_tags: torch.Tensor,
+    q_keep: torch.Tensor,
+    k_tags: torch.Tensor,
+    k_keep: torch.Tensor,
+    overhead: Optional[int] = None,
+) -> BlockPlan:
+    """Cross-attention blocks: target sentence k attends to source sentence k (tags y/x); buckets by
+    target length, each block's keys trimmed to the bucket's longest source sentence."""
     n_groups = max(int(q_tags.max()), int(k_tags.max()), 1)
     q_index, q_valid = _blocks(q_tags, q_keep, n_groups)
     k_index, k_valid = _blocks(k_tags, k_keep, n_groups)
     used = q_valid[:, 0]
     q_index, q_valid, k_index, k_valid = q_index[used], q_valid[used], k_index[used], k_valid[used]
-    has_keys = k_valid.any(1)[:, None, None, None]
-    # a target sentence without a source sentence (malformed input) gets a zero output, not NaN
-    mask = (k_valid[:, None, None, :] | ~has_keys).expand(-1, 1, q_valid.size(1), -1)
+    buckets = _bucketed(q_index, q_valid, k_index, k_valid, False, True, overhead)
     free_pos, free_row = _free_queries(q_tags, q_keep)
-    return _finish(
-        q_tags, q_index, k_index, q_valid, mask, has_keys, free_pos, free_row, k_keep[free_row][:, None, None, :]
-    )
+    return _finish(q_tags, buckets, free_pos, free_row, k_keep[free_row][:, None, None, :])
 
 
 def group_attend(
@@ -141,11 +184,11 @@ def group_attend(
     b, h, nq, d = q.shape
     flat = [x.transpose(1, 2).reshape(-1, h, d) for x in (q, k, v)]
     outputs = []
-    if plan.q_index.numel():
-        qb, kb, vb = (x[i].transpose(1, 2) for x, i in zip(flat, (plan.q_index, plan.k_index, plan.k_index)))
-        ob = _attend(qb, kb, vb, plan.mask, dropout, probe, plan.q_valid)
-        if plan.has_keys is not None:
-            ob = ob * plan.has_keys
+    for blk in plan.buckets:  # one SDPA call per length bucket
+        qb, kb, vb = (x[i].transpose(1, 2) for x, i in zip(flat, (blk.q_index, blk.k_index, blk.k_index)))
+        ob = _attend(qb, kb, vb, blk.mask, dropout, probe, blk.q_valid)
+        if blk.has_keys is not None:
+            ob = ob * blk.has_keys
         outputs.append(ob.transpose(1, 2).reshape(-1, h, d))
     if plan.free_pos.numel():
         qf = flat[0][plan.free_pos][:, :, None]  # [M, H, 1, d]

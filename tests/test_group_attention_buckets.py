@@ -1,0 +1,75 @@
+"""Packed group attention in length buckets (issue 16): cutting the blocks into buckets, each padded
+to its own longest sentence, changes nothing but the padding computed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_g_transformer import dense_reference, random_tags
+
+from onmt_doc.modules.group_attention import group_attend, plan_cross, plan_self
+
+ONE_BUCKET = 10**9  # a bucket costs more than any padding: the single-bucket plan
+# sentences of very different lengths, several rows, a row with padding after its last sentence
+SRC_ROWS = [[2, 31, 1, 6, 17], [40], [3, 3, 25, 2], [9, 1]]
+TGT_ROWS = [[3, 28, 2, 5, 20], [35], [1, 4, 30, 2], [8, 2, 3]]  # row 3's third sentence has no source
+
+
+def qkv(b: int, nq: int, nk: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, 2, nq, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(b, 2, nk, 8, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    return q, k, v
+
+
+def assert_same(plan_a, plan_b, q, k, v, keep):
+    out_a, out_b = group_attend(plan_a, q, k, v), group_attend(plan_b, q, k, v)
+    assert torch.allclose(out_a, out_b, atol=1e-5)
+    assert out_a[~keep[:, None, :, None].expand_as(out_a)].abs().sum() == 0  # padding queries: zero
+    w = torch.randn_like(out_a)
+    for ga, gb in zip(
+        torch.autograd.grad((out_a * w).sum(), (q, k, v)), torch.autograd.grad((out_b * w).sum(), (q, k, v))
+    ):
+        assert torch.allclose(ga, gb, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal,with_bos", [(False, False), (True, True)])
+def test_bucketed_self_attention_equals_single_bucket(causal, with_bos):
+    n = 2 + max(sum(r) for r in SRC_ROWS)
+    tags, keep = random_tags(None, SRC_ROWS, n, with_bos)
+    bucketed, single = plan_self(tags, keep, causal, overhead=0), plan_self(tags, keep, causal, overhead=ONE_BUCKET)
+    assert len(single.buckets) == 1 and len(bucketed.buckets) > 3  # the test compares different packings
+    real = int(keep.logical_and(tags.gt(0)).sum())
+    assert sum(int(b.q_valid.sum()) for b in bucketed.buckets) == real
+    assert sum(b.q_valid.numel() for b in bucketed.buckets) < single.buckets[0].q_valid.numel()
+    q, k, v = qkv(len(SRC_ROWS), n, n)
+    assert_same(bucketed, single, q, k, v, keep)
+    dense = dense_reference(q, k, v, tags, keep, tags, keep, causal)  # and both equal the N×N masks (eq. 8)
+    sel = keep[:, None, :, None].expand_as(dense)
+    assert torch.allclose(group_attend(bucketed, q, k, v)[sel], dense[sel], atol=1e-5)
+
+
+def test_bucketed_cross_attention_equals_single_bucket():
+    """Target sentence k with source sentence k across buckets; a target sentence without a source
+    sentence still gets a zero output."""
+    src_tags, src_keep = random_tags(None, SRC_ROWS, 2 + max(sum(r) for r in SRC_ROWS), with_bos=False)
+    tgt_tags, tgt_keep = random_tags(None, TGT_ROWS, 2 + max(sum(r) for r in TGT_ROWS), with_bos=True)
+    bucketed = plan_cross(tgt_tags, tgt_keep, src_tags, src_keep, overhead=0)
+    single = plan_cross(tgt_tags, tgt_keep, src_tags, src_keep, overhead=ONE_BUCKET)
+    assert len(single.buckets) == 1 and len(bucketed.buckets) > 3
+    q, k, v = qkv(len(TGT_ROWS), tgt_tags.size(1), src_tags.size(1))
+    assert_same(bucketed, single, q, k, v, tgt_keep)
+    dense = dense_reference(q, k, v, tgt_tags, tgt_keep, src_tags, src_keep, causal=False)
+    sel = tgt_keep[:, None, :, None].expand_as(dense)
+    assert torch.allclose(group_attend(bucketed, q, k, v)[sel], dense[sel], atol=1e-5)
+    out = group_attend(bucketed, q, k, v)
+    assert out[3, :, 1 + 8 + 2 : 1 + 8 + 2 + 3].abs().sum() == 0
+    assert out[3, :, 1 : 1 + 8].abs().sum() > 0
+
+
+def test_default_plan_uses_buckets_on_uneven_sentences():
+    """The models' plans (default overhead) bucket blocks of very different lengths."""
+    lengths = [[2] * 30 + [60] * 2]
+    tags, keep = random_tags(None, lengths, 200, with_bos=False)
+    buckets = plan_self(tags, keep, causal=True).buckets
+    assert sorted(b.q_index.size(1) for b in buckets) == [2, 60]
