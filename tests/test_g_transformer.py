@@ -14,6 +14,7 @@ from onmt_doc.config import config_from_dict
 from onmt_doc.data.batching import collate, group_tags
 from onmt_doc.data.instances import Example, mark_sentence
 from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, MASK_ID, PAD_ID, SOS_ID, SPECIALS, UNK_ID
+from onmt_doc.decoders.base import LengthLimit
 from onmt_doc.errors import ConfigError
 from onmt_doc.models.checkpoint import load_model
 from onmt_doc.models.model import full_log_probs
@@ -149,19 +150,59 @@ def test_stepwise_equals_teacher_forced_after_reorder_with_tags():
     with torch.no_grad():
         forced = full_log_probs(model, batch)[perm]
         state = model.init_state(model.encode(batch), batch)
-        out = []
+        out, tags = [], []
         for t in range(batch.tgt_in.size(1)):
             if t == 6:
                 state = state.reorder(perm)
-                out = [o[perm] for o in out]
+                out, tags = [o[perm] for o in out], [g[perm] for g in tags]
             tokens = batch.tgt_in[:, t] if t < 6 else batch.tgt_in[perm, t]
             lp, state = model.step(tokens, state)
             out.append(lp)
+            tags.append(state.tag)
         stepped = torch.stack(out, 1)
         # the decoder's own tags equal the collated target tags
-        assert torch.equal(state.tags.masked_fill(batch.tgt_in[perm].eq(PAD_ID), 0), batch.tgt_groups[perm])
+        assert torch.equal(torch.stack(tags, 1), batch.tgt_groups[perm])
     mask = batch.tgt_out[perm].ne(PAD_ID)
     assert torch.allclose(forced[mask], stepped[mask], atol=1e-5)
+
+
+def test_stepwise_sentence_caches_grow_past_their_initial_capacity():
+    """With every caps at one word the sentence caches start at 4 slots; teacher-forced targets of
+    up to 6 words make them grow, and the scores still equal the teacher-forced pass."""
+    model, _ = random_model(G, seed=5)
+    batch = doc_batch(seed=4)
+    with torch.no_grad():
+        forced = full_log_probs(model, batch)
+        state = model.init_state(model.encode(batch), batch, LengthLimit(ratio=0.0, add=1))
+        assert state.sent_capacity == 4
+        out = []
+        for t in range(batch.tgt_in.size(1)):
+            lp, state = model.step(batch.tgt_in[:, t], state)
+            out.append(lp)
+        grown = [kv[0].size(2) for kv in state.self_kv]
+    assert min(grown) > 4
+    mask = batch.tgt_out.ne(PAD_ID)
+    assert torch.allclose(forced[mask], torch.stack(out, 1)[mask], atol=1e-5)
+
+
+def test_group_decoding_state_does_not_grow_with_the_instance():
+    """Decoding cost per token is flat: without global layers the state's tensors stay the same size
+    from the third sentence of a long document to its last (only the sentence caches, bounded by the
+    longest sentence, are kept)."""
+    local_only = {
+        "encoder": {**G["encoder"], "global_layers": 0},
+        "decoder": {**G["decoder"], "global_layers": 0, "global_cross_layers": 0},
+    }
+    model, _ = random_model(local_only, seed=6)
+    batch = doc_batch([[(3, 3)] * 12])
+    sizes = []
+    with torch.no_grad():
+        state = model.init_state(model.encode(batch), batch)
+        for t in range(batch.tgt_in.size(1)):
+            _, state = model.step(batch.tgt_in[:, t], state)
+            sizes.append(state.nbytes())
+    third = 1 + 2 * 5  # <bos>, then two sentences of <s> + 3 words + </s>
+    assert len(set(sizes[third:])) == 1
 
 
 def test_group_attention_isolates_sentences_in_the_lower_layers():

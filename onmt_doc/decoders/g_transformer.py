@@ -34,9 +34,15 @@ from onmt_doc.modules.group_attention import (
     GROUP,
     BlockPlan,
     attention_modes,
+    gather_block,
     group_attend,
+    heads_layout,
     plan_cross,
     plan_self,
+    rows_layout,
+    source_block,
+    source_spans,
+    write_sentence_cache,
 )
 from onmt_doc.modules.local_global_gate import GateSum
 from onmt_doc.modules.state import DecoderState
@@ -93,21 +99,26 @@ class GTransformerState(DecoderState):
         "cross_kv",
         "global_cross_kv",
         "memory_mask",
-        "src_tags",
+        "src_start",
+        "src_len",
         "n_src",
         "caps",
     )
     step: int
-    tags: torch.Tensor  # [B, t] group tags of the tokens fed so far
+    tag: torch.Tensor  # [B] group tag of the last token fed
     n_sents: torch.Tensor  # [B] sentences started (<s> fed)
     words: torch.Tensor  # [B] words fed since the last <s>
+    sent_len: torch.Tensor  # [B] tokens of the current sentence in the sentence caches, the last one included
     last: torch.Tensor  # [B] the last token fed
-    self_kv: list[Optional[KV]]
+    self_kv: list[Optional[KV]]  # group/combined layers: sentence caches [B, H, C, d]; global layers: the prefix
     global_self_kv: list[Optional[KV]]
     cross_kv: list[KV]
     global_cross_kv: list[Optional[KV]]
     memory_mask: torch.Tensor  # [B, 1, 1, S]
-    src_tags: torch.Tensor  # [B, S]
+    src_start: torch.Tensor  # [B, K+1] first source position of each sentence (source_spans)
+    src_len: torch.Tensor  # [B, K+1] its length
+    src_width: int  # the batch's longest source sentence: the width of a source block
+    sent_capacity: int  # initial slots of a sentence cache: the longest sentence the caps allow, with markup
     n_src: torch.Tensor  # [B] source sentences
     caps: torch.Tensor  # [B, K] word cap of each target sentence
 
@@ -125,9 +136,14 @@ class _Forced:
 
 @dataclass
 class _StepMasks:
+    """Where one decoding step's group attention reads (see ``group_attention``'s decoding section)."""
+
     keep: torch.Tensor  # [B, 1] (all True: one real query per row)
-    self_mask: torch.Tensor  # [B, 1, 1, t] keys of the query's sentence
-    cross_mask: torch.Tensor  # [B, 1, 1, S] source tokens of the aligned sentence
+    self_slot: torch.Tensor  # [B] slot of the new token in the sentence caches
+    self_capacity: int  # slots the sentence caches need for this step
+    self_mask: torch.Tensor  # [B, 1, 1, L] the slots of the query's sentence
+    cross_positions: Optional[torch.Tensor]  # [B, Ls] the aligned source sentence; None: the whole source
+    cross_mask: torch.Tensor  # [B, 1, 1, Ls or S]
     cross_has: torch.Tensor  # [B, 1, 1, 1] the aligned source sentence exists
 
 
@@ -198,8 +214,14 @@ class GTransformerDecoderLayer(TransformerDecoderLayer):
         return self.ff_res(x, self.ff)
 
     def _self_step(self, h: torch.Tensor, state: GTransformerState, i: int, masks: _StepMasks) -> torch.Tensor:
-        mask = None if self.self_mode == GLOBAL else masks.self_mask  # the cache holds only the prefix
-        local, state.self_kv[i] = self.self_attn.step(h, state.self_kv[i], mask)
+        attn = self.self_attn
+        if self.self_mode == GLOBAL:  # the cache holds the whole prefix
+            local, state.self_kv[i] = attn.step(h, state.self_kv[i])
+            return local
+        q, k, v = attn.project_qkv(h)  # eq. 8 over the query's own sentence, the only one cached
+        kc, vc = state.self_kv[i] = write_sentence_cache(state.self_kv[i], k, v, masks.self_slot, masks.self_capacity)
+        width = masks.self_mask.size(-1)
+        local = attn.attend(q, kc[:, :, :width], vc[:, :, :width], masks.self_mask)
         if self.self_mode != COMBINED:
             return local
         glob, state.global_self_kv[i] = self.global_self_attn.step(h, state.global_self_kv[i])
@@ -209,6 +231,10 @@ class GTransformerDecoderLayer(TransformerDecoderLayer):
         attn, (k, v) = self.cross_attn, state.cross_kv[i]
         if self.cross_mode == GLOBAL:
             return attn.cross(h, (k, v), state.memory_mask)
+        if masks.cross_positions is None:  # the first step's <bos>: the whole source
+            k, v = heads_layout(k, attn.heads), heads_layout(v, attn.heads)
+        else:  # the aligned source sentence only
+            k, v = (gather_block(x, masks.cross_positions, attn.heads) for x in (k, v))
         local = F.scaled_dot_product_attention(attn.project_q(h), k, v, attn_mask=masks.cross_mask)
         local = attn.merge(local * masks.cross_has)
         if self.cross_mode == GROUP:
@@ -279,24 +305,37 @@ class GTransformerDecoder(Decoder):
         src_keep = ~enc_out.pad_mask
         layers = self.layers
         zeros = torch.zeros(b, dtype=torch.long, device=device)
+        src_start, src_len = source_spans(enc_out.groups, src_keep)
+        caps = self._sentence_caps(enc_out.groups, src_keep, limit or LengthLimit())
         return GTransformerState(
             step=0,
-            tags=torch.zeros(b, 0, dtype=torch.long, device=device),
+            tag=zeros,
             n_sents=zeros,
             words=zeros,
+            sent_len=zeros,
             last=torch.full_like(zeros, BOS_ID),
             self_kv=[None] * len(layers),
             global_self_kv=[None] * len(layers),
-            cross_kv=[layer.cross_attn.memory_kv(enc_out.memory) for layer in layers],
+            cross_kv=[self._cross_kv(layer, enc_out.memory) for layer in layers],
             global_cross_kv=[
                 layer.global_cross_attn.memory_kv(enc_out.memory) if layer.global_cross_attn else None
                 for layer in layers
             ],
             memory_mask=enc_out.attention_mask(),
-            src_tags=enc_out.groups,
+            src_start=src_start,
+            src_len=src_len,
+            src_width=max(int(src_len.max()), 1),
+            sent_capacity=max(int(caps.max()), 0) + 3,  # <s>, the words, </s>; <eos>
             n_src=enc_out.groups.max(1).values,
-            caps=self._sentence_caps(enc_out.groups, src_keep, limit or LengthLimit()),
+            caps=caps,
         )
+
+    @staticmethod
+    def _cross_kv(layer: GTransformerDecoderLayer, memory: torch.Tensor) -> KV:
+        """A layer's cross-attention keys/values for decoding: group layers read source sentences
+        as blocks of rows (:func:`rows_layout`)."""
+        kv = layer.cross_attn.memory_kv(memory)
+        return kv if layer.cross_mode == GLOBAL else (rows_layout(kv[0]), rows_layout(kv[1]))
 
     def step(self, tokens: torch.Tensor, state: GTransformerState) -> tuple[torch.Tensor, GTransformerState]:
         """Feed ``tokens`` [B]: update the structure counters and the token's group tag, then run every
@@ -305,11 +344,11 @@ class GTransformerDecoder(Decoder):
         state.n_sents = state.n_sents + is_sos.long()
         is_word = tokens.ge(len(SPECIALS)) | tokens.eq(UNK_ID)
         state.words = torch.where(is_sos, 0, state.words + is_word.long())
+        state.sent_len = torch.where(is_sos, 1, state.sent_len + 1)  # a sentence's cache starts at its <s>
         state.last = tokens
         unrestricted = tokens.eq(BOS_ID) | tokens.eq(EOS_ID) | tokens.eq(PAD_ID)
-        tag = torch.where(unrestricted, 0, state.n_sents)
-        state.tags = torch.cat([state.tags, tag[:, None]], 1)
-        masks = self._step_masks(tag, state)
+        state.tag = torch.where(unrestricted, 0, state.n_sents)
+        masks = self._step_masks(state)
         x = self.embeddings(tokens[:, None], offset=state.step)
         for i, layer in enumerate(self.layers):
             x = layer.step(x, state, i, masks)
@@ -317,12 +356,20 @@ class GTransformerDecoder(Decoder):
         return self.final_norm(x)[:, 0], state
 
     @staticmethod
-    def _step_masks(tag: torch.Tensor, state: GTransformerState) -> _StepMasks:
-        free = tag.eq(0)[:, None]
-        self_mask = (state.tags.eq(tag[:, None]) | free)[:, None, None, :]
-        cross = (state.src_tags.eq(tag[:, None]) | free)[:, None, None, :] & state.memory_mask
-        has = cross.any(-1, keepdim=True)
-        return _StepMasks(torch.ones_like(free), self_mask, cross | ~has, has.to(state.cross_kv[0][0].dtype))
+    def _step_masks(state: GTransformerState) -> _StepMasks:
+        """The sentence-cache slots and source block of each row's query (eq. 8). The first step's
+        ``<bos>`` (tag 0) is not restricted: it sees the whole source, as in the teacher-forced pass."""
+        width = int(state.sent_len.max())
+        self_mask = (torch.arange(width, device=state.tag.device) < state.sent_len[:, None])[:, None, None, :]
+        dtype = state.cross_kv[0][0].dtype
+        keep = torch.ones_like(state.tag, dtype=torch.bool)[:, None]
+        capacity = max(state.sent_capacity, width)
+        if state.step == 0:
+            has = state.memory_mask.any(-1, keepdim=True)
+            mask = state.memory_mask | ~has
+            return _StepMasks(keep, state.sent_len - 1, capacity, self_mask, None, mask, has.to(dtype))
+        positions, cross_mask, has = source_block(state.src_start, state.src_len, state.tag, state.src_width)
+        return _StepMasks(keep, state.sent_len - 1, capacity, self_mask, positions, cross_mask, has.to(dtype))
 
     def constrain(self, log_probs: torch.Tensor, state: GTransformerState) -> torch.Tensor:
         """Document structure (see the module docstring); forced tokens keep their model score."""

@@ -220,3 +220,79 @@ def _attend(
         analysis.record_entropy(probe, probs, queries)
         return probs.to(v.dtype) @ v
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+
+
+# ---------------------------------------------------------------- incremental decoding
+# A decoding step feeds one token per row. A query of sentence k sees only the keys of sentence k
+# (eq. 8), so a group layer's cache need hold only each row's current sentence, and its
+# cross-attention only the aligned source sentence: per step O(sentence), not O(instance), which
+# keeps a token's cost flat however long the instance grows. Tag-0 queries after the first step
+# (<eos>, <pad>) are never followed by a scored token, so they need no exact output.
+
+
+def source_spans(src_tags: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, K+1] first position and length of each source sentence k (column 0, the tag of no
+    sentence, has length 0). A source instance's tags are contiguous runs (``group_tags``)."""
+    tags = src_tags * keep
+    width = max(int(tags.max()), 1) + 1
+    length = torch.zeros(tags.size(0), width, dtype=torch.long, device=tags.device)
+    length.scatter_add_(1, tags, keep.long())
+    length[:, 0] = 0
+    positions = torch.arange(tags.size(1), device=tags.device).expand_as(tags)
+    start = torch.full_like(length, tags.size(1))
+    start.scatter_reduce_(1, tags, positions, "amin")
+    return start.masked_fill(length.eq(0), 0), length
+
+
+def source_block(start: torch.Tensor, length: torch.Tensor, tag: torch.Tensor, width: int) -> tuple[torch.Tensor, ...]:
+    """Each row's aligned source sentence as a block of ``width`` slots: the source positions
+    [B, width], the attention mask [B, 1, 1, width] and whether the sentence exists [B, 1, 1, 1]
+    (without one, e.g. at a tag-0 query, every slot is allowed and the output is zeroed, as in
+    :func:`plan_cross`)."""
+    first, n = start.gather(1, tag[:, None]), length.gather(1, tag[:, None])
+    slots = torch.arange(width, device=tag.device)
+    valid, has = slots < n, n.gt(0)
+    mask = (valid | ~has)[:, None, None, :]
+    return first + slots, mask, has[:, :, None, None]
+
+
+def rows_layout(x: torch.Tensor) -> torch.Tensor:
+    """Keys or values [B, H, S, d] -> contiguous [B, S, H·d]: a source position is one row, so
+    :func:`gather_block` copies whole rows."""
+    b, h, s, d = x.shape
+    return x.transpose(1, 2).reshape(b, s, h * d)
+
+
+def heads_layout(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """[B, S, H·d] from :func:`rows_layout` -> a [B, H, S, d] view."""
+    b, s, hd = x.shape
+    return x.view(b, s, heads, hd // heads).transpose(1, 2)
+
+
+def gather_block(x: torch.Tensor, positions: torch.Tensor, heads: int) -> torch.Tensor:
+    """x [B, S, H·d] (:func:`rows_layout`) at ``positions`` [B, L] (clamped to S) -> [B, H, L, d]."""
+    b, s, hd = x.shape
+    index = positions.clamp(max=s - 1) + torch.arange(b, device=x.device)[:, None] * s
+    return heads_layout(x.view(b * s, hd).index_select(0, index.view(-1)).view(b, -1, hd), heads)
+
+
+def write_sentence_cache(
+    cache: Optional[tuple[torch.Tensor, torch.Tensor]],
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slot: torch.Tensor,
+    capacity: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Write the new keys/values k, v [B, H, 1, d] at ``slot`` [B] of each row's sentence cache
+    [B, H, C, d] (C starts at ``capacity``, doubles when a slot is beyond it)."""
+    if cache is None:
+        b, h, _, d = k.shape
+        cache = (k.new_zeros(b, h, capacity, d), v.new_zeros(b, h, capacity, d))
+    size = cache[0].size(2)
+    if capacity > size:
+        grow = max(capacity, 2 * size) - size
+        cache = tuple(torch.cat([c, c.new_zeros(c.size(0), c.size(1), grow, c.size(3))], 2) for c in cache)
+    rows = torch.arange(k.size(0), device=k.device)
+    cache[0][rows, :, slot] = k[:, :, 0]
+    cache[1][rows, :, slot] = v[:, :, 0]
+    return cache
