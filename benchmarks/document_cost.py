@@ -6,7 +6,8 @@ its time, and beam-search translation speed, on docmt-en-de TED in one process.
   OMP_NUM_THREADS=1 python benchmarks/document_cost.py [--out runs/bench_doc_cost] [--data ../shared/data]
       [--d-model 256] [--layers 3] [--global-layers 1] [--batch-tokens 2048] [--hm-window 20] [--k 1]
       [--warmup 2] [--rounds 4] [--steps-per-slice 6] [--profile-steps 3]
-      [--test-docs 2] [--test-sentences 24] [--translate-rounds 2] [--threads 1]
+      [--test-docs 2] [--test-sentences 24] [--translate-rounds 2] [--translate-batch-tokens 4096]
+      [--threads 1]
 
 Training data is ``ted.dev.{en,de}`` of ``<data>/docmt-en-de`` (93 TED talks); every system builds
 its instances and batches with the trainer's own code (``onmt_doc.train.trainer.Trainer``: the
@@ -73,7 +74,7 @@ from common import (
     write_results,
 )
 
-from onmt_doc.config import config_from_dict
+from onmt_doc.config import TranslateConfig, config_from_dict
 from onmt_doc.data.batching import Batch, collate
 from onmt_doc.data.prepare import build_codec, load_codec
 from onmt_doc.data.vocab import EOS_ID, EOS_SENT_ID, SOS_ID
@@ -141,7 +142,7 @@ def system_config(name: str, args: argparse.Namespace, out: str) -> dict:
         "model": {"d_model": args.d_model, "dropout": 0.1, "attention_dropout": 0.1, **model},
         "optim": {"type": "adam", "lr": 5.0e-4, "betas": [0.9, 0.98], "schedule": {"type": "inverse_sqrt"}},
         "train": {"batch_tokens": args.batch_tokens, "max_steps": 100000, "threads": args.threads, "seed": 1},
-        "translate": {"beam": 4, "max_len_ratio": 1.0, "max_len_add": 0},
+        "translate": {"beam": 4, "max_len_ratio": 1.0, "max_len_add": 0, "batch_tokens": args.translate_batch_tokens},
         "log": {"dir": os.path.join(out, name), "tensorboard": False},
     }
 
@@ -691,7 +692,7 @@ def render(res: dict) -> str:
             "",
             f"## 4. Translation, beam 4 ({tr['sentences']} TED test sentences, "
             f"{tr['source_subwords_per_sentence']:.1f} source subwords each; best of {a['translate_rounds']} rounds, "
-            "systems alternating)",
+            f"systems alternating; translate.batch_tokens {a.get('translate_batch_tokens', 4096)})",
             "",
             f"Load average (1 min): {min(tr['load_avg_1min']):.2f}–{max(tr['load_avg_1min']):.2f}.",
             "",
@@ -729,6 +730,12 @@ def main() -> int:
     p.add_argument("--test-docs", type=int, default=2)
     p.add_argument("--test-sentences", type=int, default=24, help="first N sentences of each test document")
     p.add_argument("--translate-rounds", type=int, default=2, help="0 = no translation")
+    p.add_argument(
+        "--translate-batch-tokens",
+        type=int,
+        default=TranslateConfig().batch_tokens,
+        help="translate.batch_tokens of every system (padded source tokens per batch)",
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument(
         "--bucket-overhead",

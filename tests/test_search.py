@@ -178,3 +178,47 @@ def test_the_penalty_only_reranks_finished_hypotheses():
                     assert log_prob / float(penalty(torch.tensor(len(tokens) + 1.0))) <= worst + 1e-6
         assert [h.score for h in runs["none"][row]] == [h.log_prob for h in runs["none"][row]]
         assert len(runs["none"][row][0].tokens) < len(runs["avg"][row][0].tokens)
+
+
+# ------------------------------------------------------------------------------ batch composition
+ALONE_CASES = {
+    "transformer": (TRANSFORMER, lambda: random_batch(SIZES * 3, seed=3)),
+    "gated_transformer": (
+        {**TRANSFORMER, "decoder": {"type": "gated_transformer", "layers": 2, "heads": 4, "ff": 64}},
+        lambda: random_batch(SIZES * 3, seed=3),
+    ),
+    "mhplstm": (
+        {**TRANSFORMER, "decoder": {"type": "mhplstm", "layers": 2, "heads": 4, "ff": 64}},
+        lambda: random_batch(SIZES * 3, seed=3),
+    ),
+    "reformer": (
+        {"encoder": {"type": "embedding"}, "decoder": {"type": "reformer", "layers": 2, "heads": 4, "ff": 64}},
+        lambda: random_batch(SIZES * 3, seed=3),
+    ),
+    "g_transformer": (G, lambda: doc_batch([[(3, 3)], [(2, 2), (5, 5), (1, 1)], [(4, 4), (2, 2)], [(6, 6)]], seed=2)),
+}
+
+
+def row_alone(batch, i: int):
+    """Row ``i`` of ``batch`` as a batch of its own, without padding."""
+    n = int(batch.src[i].ne(PAD_ID).sum())
+    return type(batch)(src=batch.src[i : i + 1, :n], src_groups=batch.src_groups[i : i + 1, :n])
+
+
+@pytest.mark.parametrize("name", ALONE_CASES)
+@pytest.mark.parametrize("n_best", [1, 2])
+def test_every_decoder_translates_a_row_as_if_it_were_alone(name, n_best):
+    """Rows that finish early leave the batch and the others go on from a reordered state: the
+    n-best lists of every row equal those of the row searched alone, for every decoder."""
+    section, make_batch = ALONE_CASES[name]
+    model, _ = random_model(section, seed=4)
+    batch = make_batch()
+    search = BeamSearch(beam=3, n_best=n_best, penalty=AveragePenalty(), max_len_ratio=1.5, max_len_add=3)
+    with torch.no_grad():
+        together = search.search(model, batch)
+        alone = [search.search(model, row_alone(batch, i))[0] for i in range(batch.size)]
+    assert [[h.tokens for h in hyps] for hyps in together] == [[h.tokens for h in hyps] for hyps in alone]
+    for hyps, ref in zip(together, alone):
+        assert np.allclose([h.score for h in hyps], [h.score for h in ref], atol=1e-4)
+    lengths = {len(hyps[0].tokens) for hyps in together}
+    assert len(lengths) > 2  # sentences do finish at different steps
