@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from model_helpers import random_batch, random_model
+from model_helpers import N_WORDS, random_batch, random_model
 from test_decoding import SIZES, TRANSFORMER
 from test_g_transformer import G, doc_batch
 from test_hm_gdc import BOTH, context_batch, random_docs
@@ -14,8 +14,8 @@ from test_hm_gdc import BOTH, context_batch, random_docs
 from onmt_doc.bin.translate import _parser
 from onmt_doc.config import ConfigError, TranslateConfig, config_from_dict
 from onmt_doc.data.batching import collate
-from onmt_doc.data.instances import Example
-from onmt_doc.data.vocab import EOS_ID, PAD_ID
+from onmt_doc.data.instances import Example, mark_sentence
+from onmt_doc.data.vocab import EOS_ID, PAD_ID, SPECIALS
 from onmt_doc.models.model import full_log_probs
 from onmt_doc.translate.length_penalty import AveragePenalty, GNMTPenalty, NoPenalty, build_length_penalty
 from onmt_doc.translate.search import BeamSearch, GreedySearch, Search, build_search
@@ -222,3 +222,48 @@ def test_every_decoder_translates_a_row_as_if_it_were_alone(name, n_best):
         assert np.allclose([h.score for h in hyps], [h.score for h in ref], atol=1e-4)
     lengths = {len(hyps[0].tokens) for hyps in together}
     assert len(lengths) > 2  # sentences do finish at different steps
+
+
+def shared_source_batch(name: str, rows: int = 6, seed: int = 5):
+    """``rows`` examples with one source and different targets, as the beams of one sentence (or
+    one G-Transformer instance) hold different hypotheses."""
+    rng = np.random.default_rng(seed)
+
+    def words(n: int) -> np.ndarray:
+        return mark_sentence(rng.integers(len(SPECIALS), len(SPECIALS) + N_WORDS, n))
+
+    if name == "g_transformer":
+        src = np.concatenate([words(n) for n in (3, 5, 2)])
+        tgts = [np.concatenate([words(int(n)) for n in rng.integers(1, 6, 3)]) for _ in range(rows)]
+        examples = [Example(src, tgt, i, 0, 3) for i, tgt in enumerate(tgts)]
+    else:
+        src = words(5)
+        examples = [Example(src, words(int(rng.integers(2, 8))), i, 0, 1) for i in range(rows)]
+    return collate(examples, np.arange(rows))
+
+
+@pytest.mark.parametrize("name", ALONE_CASES)
+def test_beam_reorders_that_copy_and_swap_rows_keep_every_row_exact(name):
+    """At every step a few rows move inside the beam (one copied over another, or swapped) and the
+    rest stay, as in a long beam search; caches in ``owned_fields`` are then rewritten in place,
+    only where rows move. Each row goes on exactly as the teacher-forced pass of the history it now
+    holds (1e-5)."""
+    section, _ = ALONE_CASES[name]
+    model, _ = random_model(section, seed=4)
+    batch = shared_source_batch(name)
+    n, gen = batch.size, torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        forced = full_log_probs(model, batch)
+        state = model.init_state(model.encode(batch), batch)
+        origin, steps = torch.arange(n), []  # origin: the example whose history each row holds
+        for t in range(batch.tgt_in.size(1)):
+            if t:
+                index = torch.arange(n)
+                index[torch.randperm(n, generator=gen)[:2]] = torch.randint(n, (2,), generator=gen)
+                state, origin = state.reorder(index, same_sources=True), origin[index]
+            log_probs, state = model.step(batch.tgt_in[origin, t], state)
+            steps.append((t, origin, log_probs))
+    assert len({tuple(o.tolist()) for _, o, _ in steps}) > 5  # the rows did move
+    for t, rows, log_probs in steps:
+        real = batch.tgt_out[rows, t].ne(PAD_ID)
+        assert torch.allclose(log_probs[real], forced[rows, t][real], atol=1e-5), (name, t)

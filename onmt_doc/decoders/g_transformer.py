@@ -104,6 +104,7 @@ class GTransformerState(DecoderState):
         "n_src",
         "caps",
     )
+    owned_fields: ClassVar[tuple[str, ...]] = ("self_kv", "global_self_kv")
     step: int
     tag: torch.Tensor  # [B] group tag of the last token fed
     n_sents: torch.Tensor  # [B] sentences started (<s> fed)
@@ -117,7 +118,6 @@ class GTransformerState(DecoderState):
     memory_mask: torch.Tensor  # [B, 1, 1, S]
     src_start: torch.Tensor  # [B, K+1] first source position of each sentence (source_spans)
     src_len: torch.Tensor  # [B, K+1] its length
-    src_width: int  # the batch's longest source sentence: the width of a source block
     sent_capacity: int  # initial slots of a sentence cache: the longest sentence the caps allow, with markup
     n_src: torch.Tensor  # [B] source sentences
     caps: torch.Tensor  # [B, K] word cap of each target sentence
@@ -324,7 +324,6 @@ class GTransformerDecoder(Decoder):
             memory_mask=enc_out.attention_mask(),
             src_start=src_start,
             src_len=src_len,
-            src_width=max(int(src_len.max()), 1),
             sent_capacity=max(int(caps.max()), 0) + 3,  # <s>, the words, </s>; <eos>
             n_src=enc_out.groups.max(1).values,
             caps=caps,
@@ -368,7 +367,7 @@ class GTransformerDecoder(Decoder):
             has = state.memory_mask.any(-1, keepdim=True)
             mask = state.memory_mask | ~has
             return _StepMasks(keep, state.sent_len - 1, capacity, self_mask, None, mask, has.to(dtype))
-        positions, cross_mask, has = source_block(state.src_start, state.src_len, state.tag, state.src_width)
+        positions, cross_mask, has = source_block(state.src_start, state.src_len, state.tag)
         return _StepMasks(keep, state.sent_len - 1, capacity, self_mask, positions, cross_mask, has.to(dtype))
 
     def constrain(self, log_probs: torch.Tensor, state: GTransformerState) -> torch.Tensor:

@@ -67,6 +67,7 @@ class ReformerState(DecoderState):
     """The source side of the joint input (computed once) and, per layer, the target-axis cache."""
 
     source_fields: ClassVar[tuple[str, ...]] = ("memory", "src_keep")
+    owned_fields: ClassVar[tuple[str, ...]] = ("target_kv",)
     step: int
     memory: torch.Tensor  # [B, S, E] source side of the joint input
     src_keep: torch.Tensor  # [B, S] True on real source tokens
