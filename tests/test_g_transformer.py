@@ -185,6 +185,32 @@ def test_stepwise_sentence_caches_grow_past_their_initial_capacity():
     assert torch.allclose(forced[mask], torch.stack(out, 1)[mask], atol=1e-5)
 
 
+@pytest.mark.parametrize("section", [G, DOC_TRANSFORMER], ids=["g_transformer", "doc_transformer"])
+def test_stepwise_prefix_caches_grow_past_their_initial_capacity(section):
+    """The global self-attention caches (the whole prefix, written in place) start at 2 slots here
+    and double as the instance grows; the scores still equal the teacher-forced pass, also after a
+    beam-style reorder in the middle."""
+    model, _ = random_model(section, seed=6)
+    batch = doc_batch(seed=5)
+    perm = torch.tensor([1, 1, 3, 0])  # a row copied over another, as beam search does
+    with torch.no_grad():
+        forced = full_log_probs(model, batch)
+        state = model.init_state(model.encode(batch), batch)
+        state.prefix_capacity = 2
+        out, rows = [], torch.arange(batch.size)
+        for t in range(batch.tgt_in.size(1)):
+            if t == 5:
+                state, rows, out = state.reorder(perm), rows[perm], [o[perm] for o in out]
+            lp, state = model.step(batch.tgt_in[rows, t], state)
+            out.append(lp)
+        modes = [layer.self_mode for layer in model.decoder.layers]
+        caches = [state.self_kv[i] for i, m in enumerate(modes) if m == "global"]
+        caches += [state.global_self_kv[i] for i, m in enumerate(modes) if m == "combined"]
+    assert caches and all(kv[0].size(2) >= batch.tgt_in.size(1) > 2 for kv in caches)  # they grew
+    mask = batch.tgt_out[rows].ne(PAD_ID)
+    assert torch.allclose(forced[rows][mask], torch.stack(out, 1)[mask], atol=1e-5)
+
+
 def test_group_decoding_state_does_not_grow_with_the_instance():
     """Decoding cost per token is flat: without global layers the state's tensors stay the same size
     from the third sentence of a long document to its last (only the sentence caches, bounded by the

@@ -48,6 +48,8 @@ from onmt_doc.modules.local_global_gate import GateSum
 from onmt_doc.modules.state import DecoderState
 from onmt_doc.parts import EncoderOut, PartContext
 
+PREFIX_CAPACITY = 128  # first size of the global self-attention caches; doubling keeps growth O(prefix)
+
 # tokens that may not appear inside a sentence (</s> is handled separately, <unk> is a word)
 _NOT_WORDS = [PAD_ID, SOS_ID, BOS_ID, EOS_ID, MASK_ID]
 
@@ -119,6 +121,7 @@ class GTransformerState(DecoderState):
     src_start: torch.Tensor  # [B, K+1] first source position of each sentence (source_spans)
     src_len: torch.Tensor  # [B, K+1] its length
     sent_capacity: int  # initial slots of a sentence cache: the longest sentence the caps allow, with markup
+    prefix_capacity: int  # initial slots of a global self-attention cache (the whole prefix; doubles when full)
     n_src: torch.Tensor  # [B] source sentences
     caps: torch.Tensor  # [B, K] word cap of each target sentence
 
@@ -216,7 +219,7 @@ class GTransformerDecoderLayer(TransformerDecoderLayer):
     def _self_step(self, h: torch.Tensor, state: GTransformerState, i: int, masks: _StepMasks) -> torch.Tensor:
         attn = self.self_attn
         if self.self_mode == GLOBAL:  # the cache holds the whole prefix
-            local, state.self_kv[i] = attn.step(h, state.self_kv[i])
+            local, state.self_kv[i] = attn.step_at(h, state.self_kv[i], state.step, state.prefix_capacity)
             return local
         q, k, v = attn.project_qkv(h)  # eq. 8 over the query's own sentence, the only one cached
         kc, vc = state.self_kv[i] = write_sentence_cache(state.self_kv[i], k, v, masks.self_slot, masks.self_capacity)
@@ -224,7 +227,9 @@ class GTransformerDecoderLayer(TransformerDecoderLayer):
         local = attn.attend(q, kc[:, :, :width], vc[:, :, :width], masks.self_mask)
         if self.self_mode != COMBINED:
             return local
-        glob, state.global_self_kv[i] = self.global_self_attn.step(h, state.global_self_kv[i])
+        glob, state.global_self_kv[i] = self.global_self_attn.step_at(
+            h, state.global_self_kv[i], state.step, state.prefix_capacity
+        )
         return self.self_gate(local, glob, masks.keep)
 
     def _cross_step(self, h: torch.Tensor, state: GTransformerState, i: int, masks: _StepMasks) -> torch.Tensor:
@@ -325,6 +330,7 @@ class GTransformerDecoder(Decoder):
             src_start=src_start,
             src_len=src_len,
             sent_capacity=max(int(caps.max()), 0) + 3,  # <s>, the words, </s>; <eos>
+            prefix_capacity=PREFIX_CAPACITY,
             n_src=enc_out.groups.max(1).values,
             caps=caps,
         )

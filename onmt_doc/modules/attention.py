@@ -103,6 +103,22 @@ class MultiHeadAttention(nn.Module):
             k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
         return self.attend(q, k, v, mask), (k, v)
 
+    def step_at(self, x: torch.Tensor, cache: Optional[KV], position: int, capacity: int) -> tuple[torch.Tensor, KV]:
+        """:meth:`step` for one new position [B, 1, D] written in place at ``position`` of caches
+        [B, H, C, d] that start with ``capacity`` slots and double when full, so a step does not
+        copy the whole prefix (for prefixes of whole documents)."""
+        q, k, v = self._split(self.qkv(x), 3)
+        if cache is None:
+            b, h, _, d = k.shape
+            cache = (k.new_zeros(b, h, capacity, d), v.new_zeros(b, h, capacity, d))
+        size = cache[0].size(2)
+        if position >= size:
+            grow = max(position + 1, 2 * size) - size
+            cache = tuple(torch.cat([c, c.new_zeros(c.size(0), c.size(1), grow, c.size(3))], 2) for c in cache)
+        cache[0][:, :, position] = k[:, :, 0]
+        cache[1][:, :, position] = v[:, :, 0]
+        return self.attend(q, cache[0][:, :, : position + 1], cache[1][:, :, : position + 1]), cache
+
     # --- cross-attention
     def memory_kv(self, memory: torch.Tensor) -> KV:
         """Keys and values [B, H, S, d_head] of ``memory`` [B, S, D], computed once and cached for decoding."""
