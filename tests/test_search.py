@@ -18,7 +18,7 @@ from onmt_doc.data.instances import Example, mark_sentence
 from onmt_doc.data.vocab import EOS_ID, PAD_ID, SPECIALS
 from onmt_doc.models.model import full_log_probs
 from onmt_doc.translate.length_penalty import AveragePenalty, GNMTPenalty, NoPenalty, build_length_penalty
-from onmt_doc.translate.search import BeamSearch, GreedySearch, Search, build_search
+from onmt_doc.translate.search import BeamSearch, GreedySearch, Search, build_search, fill_holes
 
 PENALTIES = {"gnmt_0.6": GNMTPenalty(0.6), "avg": AveragePenalty(), "none": NoPenalty()}
 
@@ -181,6 +181,19 @@ def test_the_penalty_only_reranks_finished_hypotheses():
 
 
 # ------------------------------------------------------------------------------ batch composition
+@pytest.mark.parametrize(
+    "done, expected",
+    [
+        ([True, False, False, True, False, False], [4, 1, 2, 5]),  # holes 0 and 3 take the last two
+        ([False, False, True], [0, 1]),  # the last finished: nothing moves
+        ([True, True, False], [2]),
+        ([False, True, False, True, False], [0, 4, 2]),
+    ],
+)
+def test_pruning_moves_the_last_sentences_into_the_places_of_finished_ones(done, expected):
+    assert fill_holes(torch.tensor(done)).tolist() == expected
+
+
 ALONE_CASES = {
     "transformer": (TRANSFORMER, lambda: random_batch(SIZES * 3, seed=3)),
     "gated_transformer": (

@@ -65,6 +65,7 @@ class DocContextState(TransformerState):
 
     source_fields: ClassVar[tuple[str, ...]] = ("cross_kv", "memory_mask", "row_doc")
     shared_fields: ClassVar[tuple[str, ...]] = ("doc_memory",)
+    owned_fields: ClassVar[tuple[str, ...]] = ("self_kv",)
     doc_memory: list[DocumentMemory]  # per layer, one entry per document (own_sentence: per source row)
     row_doc: torch.Tensor  # [R] entry of doc_memory each row reads
 

@@ -106,7 +106,7 @@ class GTransformerState(DecoderState):
         "n_src",
         "caps",
     )
-    owned_fields: ClassVar[tuple[str, ...]] = ("self_kv", "global_self_kv")
+    owned_fields: ClassVar[tuple[str, ...]] = ("self_kv", "global_self_kv", "cross_kv", "global_cross_kv")
     step: int
     tag: torch.Tensor  # [B] group tag of the last token fed
     n_sents: torch.Tensor  # [B] sentences started (<s> fed)

@@ -69,6 +69,7 @@ class MHPLSTMState(DecoderState):
     length, plus the memory's cross-attention keys/values."""
 
     source_fields: ClassVar[tuple[str, ...]] = ("cross_kv", "memory_mask")
+    owned_fields: ClassVar[tuple[str, ...]] = ("cross_kv",)
     step: int
     recurrent: list[HPLSTMState]  # per layer (running input sum, cell), [B, D] each
     cross_kv: list[KV]

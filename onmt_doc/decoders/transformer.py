@@ -39,7 +39,7 @@ class TransformerState(DecoderState):
     keys/values of the memory (computed once; ``source_fields``, so beams of one sentence share them)."""
 
     source_fields: ClassVar[tuple[str, ...]] = ("cross_kv", "memory_mask")
-    owned_fields: ClassVar[tuple[str, ...]] = ("self_kv",)
+    owned_fields: ClassVar[tuple[str, ...]] = ("self_kv", "cross_kv")
     step: int
     self_kv: list[Optional[KV]]
     cross_kv: list[KV]

@@ -5,9 +5,12 @@ depend on the source alone (e.g. cached cross-attention keys/values); they are t
 beams of one sentence, so reordering beams inside their sentence skips them. Fields listed in
 ``shared_fields`` are not per row at all (e.g. one key/value cache per document that several
 rows index into); reordering never touches them. Fields listed in ``owned_fields`` hold tensors
-that this state alone refers to (caches that grow with the output): when the rows only move inside
-their beams, reordering rewrites just the rows that change, in place. In long beam searches about
-four rows in five keep their place at a step, so this copies a fifth of what a full gather would.
+that this state alone refers to (caches that grow with the output, keys/values computed for the
+state): whenever a reorder keeps or shrinks the number of rows, they are rewritten in place, only
+at the rows that change, and cut to the new number of rows. In long beam searches about four rows
+in five keep their place at a step, and beam search prunes finished sentences by moving the last
+ones into their places (:func:`~onmt_doc.translate.search.fill_holes`), so a reorder copies a
+small part of what a full gather would.
 """
 
 from __future__ import annotations
@@ -32,13 +35,14 @@ class _Moves:
         return _Moves(index, targets, index.index_select(0, targets))
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
-        """Moves the rows of ``x`` in place (the moved rows are gathered before any is written);
-        a tensor with another number of rows is gathered as usual."""
-        if x.size(0) != self.index.numel():
+        """Moves the rows of ``x`` in place (the moved rows are gathered before any is written) and
+        cuts it to the new number of rows; a reorder that adds rows gathers as usual."""
+        n = self.index.numel()
+        if x.size(0) < n:
             return x.index_select(0, self.index)
         if self.targets.numel():
             x.index_copy_(0, self.targets, x.index_select(0, self.sources))
-        return x
+        return x if x.size(0) == n else x[:n]
 
 
 def _reorder(value: Any, index: torch.Tensor, same_sources: bool, moves: Optional[_Moves] = None) -> Any:
@@ -68,7 +72,7 @@ class DecoderState:
 
     def reorder(self, index: torch.Tensor, same_sources: bool = False) -> "DecoderState":
         """Select batch rows ``index``; ``same_sources`` when rows only move within a sentence's beam."""
-        moves = _Moves.of(index) if same_sources and self.owned_fields else None
+        moves = _Moves.of(index) if self.owned_fields else None
         for f in fields(self):
             if f.name in self.shared_fields or (same_sources and f.name in self.source_fields):
                 continue

@@ -108,6 +108,17 @@ def allowed_log_probs(
     return torch.where(force.ge(0)[:, None], force_tokens(log_probs, force), free) if force.ge(0).any() else free
 
 
+def fill_holes(done: torch.Tensor) -> torch.Tensor:
+    """The batch positions of the sentences that go on, in their new order: each keeps its place
+    unless it lies past the new end, in which case it moves into the place of a finished sentence.
+    Pruning then moves as few rows as possible (states rewrite their ``owned_fields`` in place)."""
+    n = int((~done).sum())
+    order = torch.arange(n, device=done.device)
+    holes = done[:n].nonzero().squeeze(1)
+    order[holes] = (~done[n:]).nonzero().squeeze(1) + n
+    return order
+
+
 class Search(ABC):
     """The decoding loop; subclasses choose each step's continuations (:meth:`select`)."""
 
@@ -187,7 +198,7 @@ class Search(ABC):
             done = (choice.ends[:, 0] & n_done.ge(self.n_best)) | max_len.le(t) | new_scores[:, 0].eq(float("-inf"))
             t += 1
             if done.any():
-                still = (~done).nonzero().squeeze(1)
+                still = fill_holes(done)
                 alive, max_len, new_scores = alive[still], max_len[still], new_scores[still]
                 rows = rows.view(b, new_width)[still].view(-1)
                 new_tokens = new_tokens.view(b, new_width)[still].view(-1, 1)
