@@ -111,10 +111,7 @@ class MultiHeadAttention(nn.Module):
         if cache is None:
             b, h, _, d = k.shape
             cache = (k.new_zeros(b, h, capacity, d), v.new_zeros(b, h, capacity, d))
-        size = cache[0].size(2)
-        if position >= size:
-            grow = max(position + 1, 2 * size) - size
-            cache = tuple(torch.cat([c, c.new_zeros(c.size(0), c.size(1), grow, c.size(3))], 2) for c in cache)
+        cache = grow_kv(cache, position + 1)
         cache[0][:, :, position] = k[:, :, 0]
         cache[1][:, :, position] = v[:, :, 0]
         return self.attend(q, cache[0][:, :, : position + 1], cache[1][:, :, : position + 1]), cache
@@ -132,6 +129,17 @@ class MultiHeadAttention(nn.Module):
         broadcastable to [B, H, T, S]."""
         (q,) = self._split(self.q(x), 1)
         return self.attend(q, kv[0], kv[1], mask, probe=probe)
+
+
+def grow_kv(cache: KV, slots: int) -> KV:
+    """Caches [B, H, C, d] with at least ``slots`` slots along C: doubled (or more, if that is not
+    enough) when too small, so filling a cache one slot at a time copies it O(log n) times."""
+    size = cache[0].size(2)
+    if slots <= size:
+        return cache
+    grow = max(slots, 2 * size) - size
+    k, v = (torch.cat([c, c.new_zeros(c.size(0), c.size(1), grow, c.size(3))], 2) for c in cache)
+    return k, v
 
 
 def attention_probs(

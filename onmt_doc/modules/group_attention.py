@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from onmt_doc.modules import analysis
-from onmt_doc.modules.attention import attention_probs
+from onmt_doc.modules.attention import attention_probs, grow_kv
 from onmt_doc.modules.document_packing import group_slots
 from onmt_doc.modules.row_buckets import bucket_rows
 
@@ -288,10 +288,7 @@ def write_sentence_cache(
     if cache is None:
         b, h, _, d = k.shape
         cache = (k.new_zeros(b, h, capacity, d), v.new_zeros(b, h, capacity, d))
-    size = cache[0].size(2)
-    if capacity > size:
-        grow = max(capacity, 2 * size) - size
-        cache = tuple(torch.cat([c, c.new_zeros(c.size(0), c.size(1), grow, c.size(3))], 2) for c in cache)
+    cache = grow_kv(cache, capacity)
     rows = torch.arange(k.size(0), device=k.device)
     cache[0][rows, :, slot] = k[:, :, 0]
     cache[1][rows, :, slot] = v[:, :, 0]
