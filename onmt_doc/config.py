@@ -8,26 +8,69 @@ paths, which the commands that need them check.
 
 Every key is declared with :func:`option` (or :func:`part`): its help text lives in the field's
 metadata, and ``docs/config.md``'s key tables are generated from it (``tools/config_reference.py``).
-Checks that types cannot express live with the dataclass that owns the keys: a field's
-``minimum`` metadata, and a ``validate(path, root)`` method that the loader calls on every section
+Checks that types cannot express live with the dataclass that owns the keys: a field's bounds
+(``minimum``, ``maximum``, ``above``, ``below`` metadata; probabilities such as every dropout are
+``minimum=0, below=1``), and a ``validate(path, root)`` method that the loader calls on every section
 and every part section once the whole config is read, so a new part brings its own checks.
+
+Nothing is silently replaced or let through: a key written twice in one YAML mapping is an error
+naming both lines (PyYAML keeps the last one), a float key refuses NaN and infinities (from the file
+and from command-line overrides alike), and a model whose parameters alone would not fit in this
+machine's memory is refused before anything is built, naming the size key that is furthest above its
+default.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import os
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Optional, Union
+from typing import Any, Callable, Literal, Optional, Sequence, Union
 
 import yaml
 
 from onmt_doc.errors import ConfigError
+from onmt_doc.outputs import Input, write_text
 from onmt_doc.registry import closest, registry_for
 
 FORMAT_VERSION = 1
+MAX_BEAM = 256  # translate.beam, translate.n_best and train.valid_beam: rows per sentence of one search
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The values a numeric key accepts: inclusive ``minimum`` / ``maximum``, exclusive ``above`` /
+    ``below``. Kept in the field's metadata, so one check covers every key of every part."""
+
+    minimum: Optional[float] = None
+    maximum: Optional[float] = None
+    above: Optional[float] = None
+    below: Optional[float] = None
+
+    def holds(self, value: float) -> bool:
+        """Whether ``value`` is inside; written as positive comparisons so NaN is never inside."""
+        return (
+            (self.minimum is None or value >= self.minimum)
+            and (self.maximum is None or value <= self.maximum)
+            and (self.above is None or value > self.above)
+            and (self.below is None or value < self.below)
+        )
+
+    def text(self) -> str:
+        """The accepted values in words: ``at least 1``, ``greater than 0``, ``in [0, 1)``."""
+        low = ("[", self.minimum) if self.minimum is not None else ("(", self.above) if self.above is not None else None
+        high = (
+            (self.maximum, "]") if self.maximum is not None else (self.below, ")") if self.below is not None else None
+        )
+        if low and high:
+            return f"in {low[0]}{low[1]}, {high[0]}{high[1]}"
+        if low:
+            return f"{'at least' if low[0] == '[' else 'greater than'} {low[1]}"
+        assert high is not None
+        return f"{'at most' if high[1] == ']' else 'less than'} {high[0]}"
 
 
 def option(
@@ -36,21 +79,26 @@ def option(
     *,
     factory: Optional[Callable[[], Any]] = None,
     minimum: Optional[float] = None,
+    maximum: Optional[float] = None,
+    above: Optional[float] = None,
+    below: Optional[float] = None,
     shown: Optional[str] = None,
     load: Optional[Callable[["_Loader", Any, str], Any]] = None,
 ) -> Any:
     """A config key with its help text (the meaning column of docs/config.md).
 
     ``factory`` builds mutable or nested defaults; a list or dict ``default`` is copied per
-    instance. ``minimum``: the loader refuses smaller values (a zero that would divide by zero or
-    silently do nothing). ``shown``: the default as the docs print it, when the value misleads
-    (a required key whose default is null). ``load(loader, value, path)``: reads a key whose YAML
-    may take several shapes (``data.train``: one corpus or several)."""
+    instance. ``minimum`` / ``maximum`` (inclusive), ``above`` / ``below`` (exclusive): the loader
+    refuses values outside (a zero that would divide by zero or silently do nothing, a dropout of 1
+    that drops everything, a beam no search can hold); a probability is ``minimum=0, below=1``.
+    ``shown``: the default as the docs print it, when the value misleads (a required key whose
+    default is null). ``load(loader, value, path)``: reads a key whose YAML may take several shapes
+    (``data.train``: one corpus or several)."""
     metadata: dict[str, Any] = {"help": help}
     if load is not None:
         metadata["load"] = load
-    if minimum is not None:
-        metadata["minimum"] = minimum
+    if (minimum, maximum, above, below) != (None, None, None, None):
+        metadata["bounds"] = Bounds(minimum, maximum, above, below)
     if shown is not None:
         metadata["shown"] = shown
     if isinstance(default, (list, dict)):
@@ -59,6 +107,21 @@ def option(
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
+
+
+def check_bounds(node: Any, path: str) -> None:
+    """Every field of the dataclass ``node`` inside its bounds (null keys skipped; a list's bounds
+    hold for each item); the loader calls it on every section, and a section built in code
+    (``TranslateConfig(...)``) can call it itself."""
+    for f in dataclasses.fields(node):
+        bounds, value = f.metadata.get("bounds"), getattr(node, f.name)
+        if bounds is None or value is None:
+            continue
+        items = enumerate(value) if isinstance(value, list) else [(None, value)]
+        for i, item in items:
+            if not bounds.holds(item):
+                where = _join(path, f.name) if i is None else _join(_join(path, f.name), i)
+                raise ConfigError(f"{where}: must be {bounds.text()}, got {item}")
 
 
 @dataclass
@@ -73,13 +136,21 @@ class PartConfig:
         ``path`` is the section's key path (``model.encoder``, ``loss.1``); raise a one-line
         :class:`ConfigError` starting with the key path (the loader adds the file name)."""
 
+    def parameter_estimate(self, d_model: int) -> int:
+        """A lower bound of the part's parameter count, so a size no machine could allocate is
+        refused when the config is read (``check_model_size``), not by torch halfway through the
+        build: each of ``layers`` layers holds at least four d_model × d_model attention projections
+        and a feed-forward of inner size ``ff``. A part whose keys differ overrides it."""
+        layers, ff = getattr(self, "layers", 0), getattr(self, "ff", 0)
+        return layers * (4 * d_model * d_model + 2 * d_model * ff)
+
 
 @dataclass
 class LossConfig(PartConfig):
     """Base of every loss config: losses in the ``loss:`` list are summed with these weights."""
 
     type: str = option("", "registered loss name", shown="(required)")
-    weight: float = option(1.0, "factor of this loss in the sum")
+    weight: float = option(1.0, "factor of this loss in the sum; at least 0", minimum=0)
 
 
 def part(kind: str, default_type: Optional[str] = None, help: str = "") -> Any:
@@ -106,6 +177,44 @@ def check_top_layers(cfg: Any, key: str, path: str) -> None:
     value = getattr(cfg, key)
     if not 0 <= value <= cfg.layers:
         raise ConfigError(f"{path}.{key}: must be between 0 and {path}.layers ({cfg.layers}), got {value}")
+
+
+def physical_memory() -> Optional[int]:
+    """This machine's memory in bytes, or None where the OS does not say (the check is then skipped)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def check_model_size(model: "ModelConfig", path: str) -> None:
+    """Refuse a model whose float32 parameters alone (a lower bound: the position table, the parts'
+    ``parameter_estimate``) exceed this machine's memory: torch would fail halfway through the build
+    with an allocation error, or the machine would swap for minutes first. The message names the
+    size key furthest above its default, the likely typo."""
+    memory = physical_memory()
+    need = 4 * (
+        model.max_positions * model.d_model
+        + sum(p.parameter_estimate(model.d_model) for p in (model.encoder, model.decoder))
+    )
+    if memory is None or need <= memory:
+        return
+    key, value = max(_size_keys(model, path), key=lambda kv: kv[1] / kv[2])[:2]
+    raise ConfigError(
+        f"{key} {value}: the model would need ~{need / 1e9:,.0f} GB of parameters, more than this machine's "
+        f"{memory / 1e9:,.0f} GB of memory"
+    )
+
+
+def _size_keys(model: "ModelConfig", path: str) -> list[tuple[str, int, int]]:
+    """(key path, value, default) of every positive-default int key of the model and its parts."""
+    found = []
+    for where, node in ((path, model), (f"{path}.encoder", model.encoder), (f"{path}.decoder", model.decoder)):
+        for f in dataclasses.fields(node):
+            value = getattr(node, f.name)
+            if type(value) is int and type(f.default) is int and f.default > 0:
+                found.append((_join(where, f.name), value, f.default))
+    return found
 
 
 # ----------------------------------------------------------------------------- sections
@@ -208,12 +317,15 @@ class DataConfig:
         minimum=1,
     )
     max_len: int = option(
-        0, "drop training sentence pairs with a side longer than this many subwords; the count is logged (0 = keep all)"
+        0,
+        "drop training sentence pairs with a side longer than this many subwords; the count is logged (0 = keep all)",
+        minimum=0,
     )
     max_line_chars: int = option(
         20000,
         "a longer line is an error, a sign of a broken file (0 = no limit); "
         "`onmt_doc_translate -max_line_chars` overrides the checkpoint's value",
+        minimum=0,
     )
     cache_dir: Optional[str] = option(None, "binarized data cache; `null` = `<log.dir>/cache`")
     sentence_markup: bool = option(
@@ -265,8 +377,8 @@ class VocabConfig:
     subword: Literal["bpe", "sentencepiece", "none"] = option("bpe", "subword model")
     size: int = option(8000, "BPE merges, or SentencePiece pieces", minimum=1)
     shared: bool = option(True, "one subword model and one vocabulary for both sides")
-    min_freq: int = option(1, "vocabulary entries seen fewer times are dropped")
-    max_size: int = option(0, "cap on vocabulary entries, specials included (0 = no cap)")
+    min_freq: int = option(1, "vocabulary entries seen fewer times are dropped", minimum=0)
+    max_size: int = option(0, "cap on vocabulary entries, specials included (0 = no cap)", minimum=0)
     tokenizer: Literal["aggressive", "conservative", "space", "char", "none"] = option(
         "aggressive",
         "pyonmttok pre-tokenization mode (with joiners; `none` = split on spaces, no joiners); "
@@ -276,6 +388,7 @@ class VocabConfig:
         0,
         "learn the subword model on the first this many non-blank lines of each file "
         "(0 = all); the vocabulary counts all lines",
+        minimum=0,
     )
 
 
@@ -292,11 +405,15 @@ class ModelConfig:
     )
     tie_output: bool = option(True, "the output projection uses the target embedding matrix (it keeps its own bias)")
     dropout: float = option(
-        0.1, "dropout on embeddings, on every sublayer output before the residual sum, and inside the feed-forward"
+        0.1,
+        "dropout on embeddings, on every sublayer output before the residual sum, and inside the feed-forward; "
+        "in [0, 1)",
+        minimum=0,
+        below=1,
     )
-    attention_dropout: float = option(0.1, "dropout on attention probabilities")
+    attention_dropout: float = option(0.1, "dropout on attention probabilities; in [0, 1)", minimum=0, below=1)
     max_positions: int = option(
-        4096, "initial size of the sinusoidal position table; it grows on demand and is not saved"
+        4096, "initial size of the sinusoidal position table; it grows on demand and is not saved", minimum=1
     )
     word_dropout: float = option(
         0.0,
@@ -304,6 +421,8 @@ class ModelConfig:
         "`word_dropout_token` with this probability; special tokens (markup, `<bos>`) "
         "and the targets never change (G-Transformer: 0.3 from scratch, 0.1 fine-tuned); "
         "must be in [0, 1)",
+        minimum=0,
+        below=1,
     )
     word_dropout_token: Literal["unk", "mask"] = option("unk", "the replacement token of word dropout")
     unit: Optional[str] = option(
@@ -316,10 +435,9 @@ class ModelConfig:
     decoder: PartConfig = part("decoder", "transformer", "the decoder; see [Decoders](#decoders)")
 
     def validate(self, path: str, root: "Config") -> None:
-        """Word dropout is a probability of replacing a word; 1 would replace them all. A chosen
-        ``unit`` must be registered and fit the parts (``check_unit``)."""
-        if not 0.0 <= self.word_dropout < 1.0:
-            raise ConfigError(f"{path}.word_dropout: must be in [0, 1), got {self.word_dropout}")
+        """A chosen ``unit`` must be registered and fit the parts (``check_unit``); the parameters
+        must fit in memory (``check_model_size``)."""
+        check_model_size(self, path)
         if self.unit is not None:
             from onmt_doc.data.instances import check_unit  # lazy: the data layer imports no config
 
@@ -332,10 +450,14 @@ class OptimConfig(PartConfig):
     """Optimizer section; ``type`` is adam, adamw, sgd or a torch-optimizer name (radam, lamb…)."""
 
     type: str = option("adam", "optimizer name, see [Optimizers](#optimizers)")
-    lr: float = option(5.0e-4, "base learning rate; the lr of a step is `lr × lr_scale × schedule factor`")
-    betas: list[float] = option([0.9, 0.98], "passed when the optimizer accepts `betas`")
-    eps: float = option(1.0e-9, "passed when the optimizer accepts `eps`")
-    weight_decay: float = option(0.0, "passed when the optimizer accepts `weight_decay`")
+    lr: float = option(
+        5.0e-4, "base learning rate; the lr of a step is `lr × lr_scale × schedule factor`; at least 0", minimum=0
+    )
+    betas: list[float] = option(
+        [0.9, 0.98], "passed when the optimizer accepts `betas`; each in [0, 1)", minimum=0, below=1
+    )
+    eps: float = option(1.0e-9, "passed when the optimizer accepts `eps`; at least 0", minimum=0)
+    weight_decay: float = option(0.0, "passed when the optimizer accepts `weight_decay`; at least 0", minimum=0)
     params: dict = option(
         {}, "any other constructor argument by name, e.g. `{momentum: 0.9, nesterov: true}` for `sgd`"
     )
@@ -363,10 +485,13 @@ class TrainConfig:
         "stop once this many epochs are done (0 = no limit). Checked before each step, "
         "so the step that starts the next epoch still runs; there is no extra save or "
         "validation when this limit ends the run",
+        minimum=0,
     )
     valid_every: int = option(1000, "validate every this many steps (and at `max_steps`)", minimum=1)
     valid_bleu: bool = option(True, "translate the validation set at each validation and report BLEU")
-    valid_beam: int = option(1, "beam for validation BLEU (1 = greedy, fast)", minimum=1)
+    valid_beam: int = option(
+        1, f"beam for validation BLEU (1 = greedy, fast); at most {MAX_BEAM}", minimum=1, maximum=MAX_BEAM
+    )
     save_every: int = option(
         1000,
         "write `step_N.pt` and `last.pt` every this many steps (and at `max_steps` and when early stopping)",
@@ -378,7 +503,9 @@ class TrainConfig:
         "are leftovers `*.tmp<pid>` of interrupted saves)",
         minimum=1,
     )
-    early_stopping: int = option(0, "stop after this many validations in a row without improvement (0 = off)")
+    early_stopping: int = option(
+        0, "stop after this many validations in a row without improvement (0 = off)", minimum=0
+    )
     early_stopping_metric: Literal["loss", "bleu"] = option(
         "loss",
         "validation metric for early stopping and `best.pt` (lower loss / higher BLEU is better); `bleu` "
@@ -389,7 +516,9 @@ class TrainConfig:
         "with several validation sets: the name of the one whose metric chooses `best.pt` and drives early "
         "stopping (`null` = the first); every set is still reported",
     )
-    max_grad_norm: float = option(1.0, "clip the gradient norm to this (0 = no clipping; the norm is still logged)")
+    max_grad_norm: float = option(
+        1.0, "clip the gradient norm to this (0 = no clipping; the norm is still logged)", minimum=0
+    )
     amp: Literal["auto", "bf16", "fp16", "fp32"] = option(
         "auto",
         "mixed precision. `auto`: bf16 autocast on GPUs (fp16 with gradient scaling where bf16 is "
@@ -409,6 +538,7 @@ class TrainConfig:
         0.2,
         "learning-rate scale of the parameters copied by `init_from` (the new "
         "ones train at the full rate; G-Transformer fine-tuning: 1e-4 vs 5e-4)",
+        minimum=0,
     )
     resume: bool = option(
         True,
@@ -449,12 +579,20 @@ class TrainConfig:
 class TranslateConfig:
     """``translate:`` search and batching for ``onmt_doc_translate``, validation BLEU and the API."""
 
-    beam: int = option(5, "beam size (1 = greedy); flag `-beam`", minimum=1)
+    beam: int = option(
+        5,
+        f"beam size (1 = greedy); at most {MAX_BEAM} (each sentence searches `2 × beam` candidates over the "
+        "vocabulary at every step); flag `-beam`",
+        minimum=1,
+        maximum=MAX_BEAM,
+    )
     n_best: int = option(
         1,
         "hypotheses per output line, tab-separated, for every model (see "
-        "[getting_started.md](getting_started.md#translation)); at most `beam`; flag `-n_best`",
+        f"[getting_started.md](getting_started.md#translation)); at least 1, at most `beam` (sampling: at most "
+        f"{MAX_BEAM}); flag `-n_best`",
         minimum=1,
+        maximum=MAX_BEAM,
     )
     length_penalty: float = option(
         1.0,
@@ -470,7 +608,9 @@ class TranslateConfig:
     )
     max_len_ratio: float = option(
         1.5,
-        "output length cap = ratio × source length (in tokens, markup included) + `max_len_add`; flag `-max_len_ratio`",
+        "output length cap = ratio × source length (in tokens, markup included) + `max_len_add`; greater than 0; "
+        "flag `-max_len_ratio`",
+        above=0,
     )
     max_len_add: int = option(10, "constant part of the cap (at least 0)", minimum=0)
     max_length: int = option(
@@ -541,6 +681,7 @@ class TranslateConfig:
         1.0,
         "sampling: the log-probabilities are divided by this before drawing (< 1 sharper, > 1 flatter); "
         "greater than 0; reported scores stay the untempered model log-probabilities; flag `-temperature`",
+        above=0,
     )
     top_k: int = option(
         0, "sampling: draw among the k most probable tokens only; 0 = the whole vocabulary; flag `-top_k`", minimum=0
@@ -549,6 +690,8 @@ class TranslateConfig:
         1.0,
         "sampling (nucleus): draw among the most probable tokens whose probabilities (after `temperature` and "
         "`top_k`) sum to at least p; in (0, 1], 1 = no cut; flag `-top_p`",
+        above=0,
+        maximum=1,
     )
     seed: int = option(
         1,
@@ -556,15 +699,13 @@ class TranslateConfig:
         "and torch's global generator is left alone; flag `-seed`",
     )
 
-    def validate(self, path: str, root: "Config") -> None:
+    def validate(self, path: str, root: Optional["Config"]) -> None:
         """The n best hypotheses come from the beam, so there are at most beam of them (samples are
-        independent: any number); sampling needs a positive temperature and a nucleus in (0, 1]."""
+        independent: up to MAX_BEAM). The search calls this on sections built in code, which no
+        loader has seen, so the keys' bounds are checked here too (``root`` is then None)."""
+        check_bounds(self, path)
         if self.strategy == "beam" and self.n_best > self.beam:
             raise ConfigError(f"{path}.n_best ({self.n_best}) cannot exceed {path}.beam ({self.beam})")
-        if not self.temperature > 0:
-            raise ConfigError(f"{path}.temperature must be greater than 0 (got {self.temperature})")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"{path}.top_p must be in (0, 1] (got {self.top_p})")
 
 
 @dataclass
@@ -708,6 +849,7 @@ class _Loader:
         if origin is dict or tp is dict:
             if not isinstance(value, dict):
                 self.fail(path, f"expected a mapping, got {value!r}")
+            self.finite(value, path)
             return dict(value)
         if dataclasses.is_dataclass(tp):
             return self.dataclass(tp, value, path)
@@ -722,17 +864,75 @@ class _Loader:
         if tp is float:
             if isinstance(value, str):  # YAML 1.1 reads 5e-4 as a string
                 try:
-                    return float(value)
+                    value = float(value)
                 except ValueError:
                     pass
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 self.fail(path, f"expected float, got {value!r}")
+            self.finite(value, path)
             return float(value)
         if tp is str:
             if not isinstance(value, str):
                 self.fail(path, f"expected str, got {value!r}")
             return value
         raise TypeError(f"config field {path} has unsupported type {tp!r}")
+
+    def finite(self, value: Any, path: str) -> None:
+        """NaN or an infinity (``.nan``, ``.inf``, ``1e999``) would reach the model and the search
+        unnoticed, so no number of the config may be one, also inside free-form mappings
+        (``optim.params``)."""
+        if isinstance(value, float) and not math.isfinite(value):
+            self.fail(path, f"expected a finite number, got {value}")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                self.finite(item, _join(path, key))
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                self.finite(item, _join(path, i))
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    """A key written twice in one YAML mapping: PyYAML would keep the last value without a word."""
+
+    def __init__(self, key: str, line: int, first: int) -> None:
+        """``key``: its dotted path; ``line`` and ``first``: 1-based lines of the repeat and the first."""
+        super().__init__(f"duplicate key '{key}' (first at line {first})")
+        self.key, self.line, self.first = key, line, first
+
+
+class StrictYAMLLoader(yaml.SafeLoader):
+    """PyYAML's safe loader (plain data only, no Python tags) that refuses a key written twice in
+    one mapping, at any depth: ``yaml.load(text, Loader=StrictYAMLLoader)``."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        """Check the composed document (which still has every key and its line) before building it."""
+        _refuse_duplicate_keys(node, "", set())
+        return super().construct_document(node)
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"  # ``<<: *defaults``: merged keys may be overridden, on purpose
+
+
+def _refuse_duplicate_keys(node: yaml.Node, path: str, seen: set[int]) -> None:
+    """Raise :class:`DuplicateKeyError` for the first key repeated in a mapping of ``node``'s tree
+    (a node reached twice through an alias is checked once)."""
+    if id(node) in seen:
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _refuse_duplicate_keys(item, _join(path, i), seen)
+    elif isinstance(node, yaml.MappingNode):
+        first: dict[tuple[str, str], int] = {}
+        for key_node, value_node in node.value:
+            where = path
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != _MERGE_TAG:
+                where = _join(path, key_node.value)
+                line, key = key_node.start_mark.line + 1, (key_node.tag, key_node.value)
+                if key in first:
+                    raise DuplicateKeyError(where, line, first[key])
+                first[key] = line
+            _refuse_duplicate_keys(value_node, where, seen)
 
 
 def apply_overrides(raw: dict, overrides: list[str], source: str = "command line") -> dict:
@@ -742,7 +942,9 @@ def apply_overrides(raw: dict, overrides: list[str], source: str = "command line
             raise ConfigError(f"{source}: override '{item}' is not of the form key.path=value")
         key, text = item.split("=", 1)
         try:
-            value = yaml.safe_load(text) if text != "" else ""
+            value = yaml.load(text, Loader=StrictYAMLLoader) if text != "" else ""
+        except DuplicateKeyError as e:
+            raise ConfigError(f"{source}: override '{key}': duplicate key '{e.key}'") from None
         except yaml.YAMLError:
             value = text
         parts = key.split(".")
@@ -783,13 +985,11 @@ def _default_at(raw: dict, parts: list[str], source: str) -> Any:
 
 
 def _validate(node: Any, path: str, root: Config) -> None:
-    """Check every field's ``minimum``, then the sections and parts inside, then the node's own
+    """Check every field's bounds, then the sections and parts inside, then the node's own
     ``validate`` (so a section's cross-checks see children that are already valid)."""
+    check_bounds(node, path)
     for f in dataclasses.fields(node):
         value = getattr(node, f.name)
-        minimum = f.metadata.get("minimum")
-        if minimum is not None and value is not None and value < minimum:
-            raise ConfigError(f"{_join(path, f.name)}: must be at least {minimum}, got {value}")
         if dataclasses.is_dataclass(value):
             _validate(value, _join(path, f.name), root)
         elif isinstance(value, list):
@@ -820,7 +1020,9 @@ def load_config(path: Optional[str], overrides: Optional[list[str]] = None) -> C
             raise ConfigError(f"{path}: config file not found")
         try:
             with open(path, encoding="utf-8") as f:
-                raw = yaml.safe_load(f) or {}
+                raw = yaml.load(f, Loader=StrictYAMLLoader) or {}
+        except DuplicateKeyError as e:
+            raise ConfigError(f"{path}:{e.line}: duplicate key '{e.key}' (first at line {e.first})") from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f":{mark.line + 1}" if mark else ""
@@ -841,12 +1043,9 @@ def config_to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
 
 
-def save_config(cfg: Config, path: str) -> None:
-    """Write the resolved config (every key, defaults included) atomically."""
+def save_config(cfg: Config, path: str, inputs: Sequence[Input] = ()) -> None:
+    """Write the resolved config (every key, defaults included) atomically, never onto ``inputs``."""
     text = f"# onmt_doc resolved config, format_version {FORMAT_VERSION}\n" + yaml.safe_dump(
         config_to_dict(cfg), sort_keys=False, allow_unicode=True
     )
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    write_text(path, text, inputs, flag="")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from onmt_doc.errors import DataError
 from onmt_doc.evaluation.toy_pronouns import score_context
 from onmt_doc.toy.corpus import write_corpus
 
@@ -195,7 +196,7 @@ def test_score_length_mismatch_rule(corpus: Path, tmp_path: Path) -> None:
 def test_score_rejects_wrong_line_count(corpus: Path, tmp_path: Path) -> None:
     hyp = tmp_path / "short"
     hyp.write_text("\n".join(read(corpus / "test.tgt")[:-1]) + "\n", encoding="utf-8")
-    with pytest.raises(ValueError, match="short"):
+    with pytest.raises(DataError, match="short"):
         score_context(hyp, corpus / "test.ctx")
 
 

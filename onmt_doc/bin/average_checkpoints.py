@@ -16,6 +16,7 @@ from typing import Optional
 from onmt_doc.bin.common import ArgumentParser, run
 from onmt_doc.errors import UserError
 from onmt_doc.models.checkpoint import average_checkpoints, save_checkpoint
+from onmt_doc.outputs import check_writable_target, refuse_inputs
 
 
 def _main(argv: Optional[list[str]] = None) -> int:
@@ -36,6 +37,13 @@ def _main(argv: Optional[list[str]] = None) -> int:
         paths += found[-args.last :]
     if not paths:
         raise UserError("give -models or a -run_dir with step_N.pt checkpoints")
+    inputs = [("-models", path) for path in paths]
+    refuse_inputs(args.output, inputs)
+    if args.run_dir:  # a new file among a run's own checkpoints would be taken for one of them
+        refuse_inputs(
+            args.output, [("run folder's", p) for p in glob.glob(os.path.join(args.run_dir, "checkpoints", "*.pt"))]
+        )
+    check_writable_target(args.output)
     save_checkpoint(average_checkpoints(paths), args.output)
     print(f"averaged {len(paths)} checkpoints into {args.output}", file=sys.stderr)
     return 0

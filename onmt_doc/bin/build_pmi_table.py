@@ -14,13 +14,13 @@ what the regulariser will push the gates towards.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from typing import Optional
 
-from onmt_doc.bin.common import ArgumentParser, add_config_args, run
+from onmt_doc.bin.common import ArgumentParser, add_config_args, run, run_folder_lock
 from onmt_doc.errors import UserError
+from onmt_doc.outputs import check_readable_file, check_writable_target, refuse_inputs
 
 
 def _main(argv: Optional[list[str]] = None) -> int:
@@ -41,7 +41,7 @@ def _main(argv: Optional[list[str]] = None) -> int:
 
     from onmt_doc.config import load_config
     from onmt_doc.data.pmi import build_table, tokenized_pairs, z_star_share
-    from onmt_doc.data.prepare import build_codec, load_codec
+    from onmt_doc.data.prepare import build_codec, codec_files, load_codec
     from onmt_doc.train.reporting import setup_logging
 
     setup_logging()
@@ -51,15 +51,20 @@ def _main(argv: Optional[list[str]] = None) -> int:
     if not src or not tgt:
         raise UserError("give -src and -tgt, or data.train.src and data.train.tgt in the config")
     for flag, path in (("-src", src), ("-tgt", tgt)):
-        if not os.path.isfile(path):
-            raise UserError(f"{flag}: {path}: file not found")
-    codec = load_codec(cfg, cfg.log.dir) or build_codec(cfg, cfg.log.dir)
+        check_readable_file(path, flag)
+    inputs = [("-src", src), ("-tgt", tgt), ("-config", args.config), *codec_files(cfg, cfg.log.dir)]
+    refuse_inputs(args.output, inputs)
+    check_writable_target(args.output)
+    codec = load_codec(cfg, cfg.log.dir)
+    if codec is None:  # learned into the run folder, as training would: only with the folder locked
+        with run_folder_lock(cfg.log.dir):
+            codec = build_codec(cfg, cfg.log.dir)
     start = time.time()
     normaliser = args.normaliser or next(
         (getattr(c, "normaliser") for c in cfg.loss if c.type == "pmi_gate_hinge"), "shared"
     )
     table = build_table(src, tgt, codec, cfg.data.documents, cfg.data.max_line_chars, normaliser)
-    table.save(args.output)
+    table.save(args.output, inputs)
     print(
         f"{table.n_pairs} sentence pairs: {len(table.bi_keys)} bilingual and {len(table.mono_keys)} "
         f"monolingual type pairs, written to {args.output} in {time.time() - start:.1f} s",

@@ -3,26 +3,73 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import os
 import sys
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 from onmt_doc.errors import UserError
 
+# what the machine, not the program, ran out of or refused: one line, never a traceback
+ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG)
+
 
 def run(main: Callable[[Optional[list[str]]], int], argv: Optional[list[str]] = None) -> int:
-    """Run a command: a user mistake is one line on stderr and exit status 1, never a traceback."""
+    """Run a command: a user mistake, a full disk or a closed output is one line on stderr and a
+    non-zero exit status, never a traceback."""
     prog = os.path.basename(sys.argv[0]) or "onmt_doc"
     try:
         return main(argv) or 0
     except UserError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return 1
+        return _fail(prog, str(e))
     except KeyboardInterrupt as e:  # Ctrl-C, or a training stopped by SIGTERM/SIGINT (exit_status)
         print(f"{prog}: interrupted", file=sys.stderr)
         return getattr(e, "exit_status", 130)
-    except BrokenPipeError:  # output piped into e.g. `head`
-        return 0
+    except BrokenPipeError:  # the reader of our output went away (e.g. `| head`): the output is incomplete
+        _silence_stdout()
+        return _fail(prog, "standard output was closed by its reader (broken pipe); the output is incomplete")
+    except OSError as e:
+        if e.errno not in ENVIRONMENT_ERRNOS:
+            raise
+        where = f" ({e.filename})" if e.filename else " (while writing the output)"
+        return _fail(prog, f"{e.strerror or e}{where}")
+    except MemoryError:
+        return _fail(prog, "out of memory; use smaller batches (batch_tokens) or a smaller model")
+
+
+def _fail(prog: str, message: str) -> int:
+    try:
+        print(f"{prog}: error: {message}", file=sys.stderr)
+    except OSError:
+        pass
+    return 1
+
+
+def _silence_stdout() -> None:
+    """Point standard output at /dev/null so the interpreter's final flush does not print a
+    second, unhandled BrokenPipeError."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+@contextlib.contextmanager
+def run_folder_lock(run_dir: str) -> Iterator[None]:
+    """Hold a run folder's lock (the one training takes) while a command writes into it, so that
+    no two commands, or a command and a training, write one run folder at once."""
+    from onmt_doc.outputs import make_folders
+    from onmt_doc.train.run_folder import RunLock
+
+    make_folders(run_dir, "log.dir")
+    lock = RunLock(run_dir)
+    lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def add_config_args(parser: argparse.ArgumentParser, required: bool = True) -> None:

@@ -13,14 +13,15 @@ DIR logs them as scalars. docs/evaluation.md explains the formats and the metric
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import os
 import sys
 import time
 from typing import TYPE_CHECKING, Optional
 
 from onmt_doc.bin.common import ArgumentParser, run
 from onmt_doc.errors import UserError
+from onmt_doc.outputs import Input, check_writable_target, make_folders, output_file, refuse_inputs, write_text
 
 if TYPE_CHECKING:
     from onmt_doc.translate.translator import Translator
@@ -81,6 +82,27 @@ def _check(args: argparse.Namespace) -> None:
         raise UserError(f"-max_context must be 0 or more (got {args.max_context})")
     if args.batch_tokens is not None and args.batch_tokens < 1:
         raise UserError(f"-batch_tokens must be at least 1 (got {args.batch_tokens})")
+    _check_outputs(args)
+
+
+INPUT_FLAGS = ("model", "suite", "context_src", "context_tgt", "hyp", "ref", "src", "pronouns", "lexicon")
+
+
+def _inputs(args: argparse.Namespace) -> list[Input]:
+    return [(f"-{flag}", getattr(args, flag)) for flag in INPUT_FLAGS]
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse, before any scoring, outputs that are inputs, each other, folders or unwritable."""
+    if args.json and args.item_scores:
+        refuse_inputs(args.json, [("-item_scores", args.item_scores)], "-json")
+    for flag in ("json", "item_scores"):
+        path = getattr(args, flag)
+        if path:
+            refuse_inputs(path, _inputs(args), f"-{flag}")
+            check_writable_target(path, f"-{flag}")
+    if args.tensorboard:
+        refuse_inputs(args.tensorboard, _inputs(args), "-tensorboard")
 
 
 def _translator(args: argparse.Namespace) -> Translator:
@@ -103,8 +125,8 @@ def contrastive_results(args: argparse.Namespace) -> dict:
 
     translator = _translator(args)
     results = {}
-    scores_out = open(args.item_scores, "w", encoding="utf-8") if args.item_scores else None
-    try:
+    scores = output_file(args.item_scores, _inputs(args), "-item_scores") if args.item_scores else None
+    with scores or contextlib.nullcontext() as scores_out:
         for mode in dict.fromkeys(args.ablation):
             start = time.time()
             items = read_suite(args.suite, args.format, args.context_src, args.context_tgt, args.context_lines)
@@ -114,9 +136,6 @@ def contrastive_results(args: argparse.Namespace) -> dict:
                 f"scored {results[mode]['total']} items (context {mode}) in {results[mode]['seconds']:.1f}s",
                 file=sys.stderr,
             )
-    finally:
-        if scores_out:
-            scores_out.close()
     return results
 
 
@@ -189,17 +208,9 @@ def _main(argv: Optional[list[str]]) -> int:
         results["contrastive"] = contrastive_results(args)
         print(format_table(results["contrastive"]))
     if args.json:
-        text = json.dumps(results, indent=1, ensure_ascii=False) + "\n"
-        if args.json == "-":
-            sys.stdout.write(text)
-        else:
-            try:
-                with open(args.json, "w", encoding="utf-8") as f:
-                    f.write(text)
-            except OSError as e:
-                raise UserError(f"-json {args.json}: cannot write ({e.strerror})") from None
+        write_text(args.json, json.dumps(results, indent=1, ensure_ascii=False) + "\n", _inputs(args), "-json")
     if args.tensorboard:
-        os.makedirs(args.tensorboard, exist_ok=True)
+        make_folders(args.tensorboard, "-tensorboard")
         write_tensorboard(args.tensorboard, results)
     return 0
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from typing import Optional
 
 from onmt_doc.bin.common import ArgumentParser, run
 from onmt_doc.errors import UserError
+from onmt_doc.outputs import check_readable_file, check_writable_target, refuse_inputs, write_text
 
 
 def _main(argv: Optional[list[str]] = None) -> int:
@@ -41,9 +41,12 @@ def _main(argv: Optional[list[str]] = None) -> int:
     args = p.parse_args(argv)
     if args.batch_tokens < 1:
         raise UserError(f"-batch_tokens must be at least 1 (got {args.batch_tokens})")
-    for flag, path in (("-src", args.src), ("-tgt", args.tgt)):
-        if not os.path.isfile(path):
-            raise UserError(f"{flag}: {path}: file not found")
+    inputs = [("-model", args.model), ("-src", args.src), ("-tgt", args.tgt), ("-table", args.table)]
+    for flag, path in inputs[1:]:
+        check_readable_file(path, flag)
+    if args.output:
+        refuse_inputs(args.output, inputs)
+        check_writable_target(args.output)
 
     import torch
 
@@ -67,8 +70,7 @@ def _main(argv: Optional[list[str]] = None) -> int:
         )
         print(f"{key}\t{shown}")
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
+        write_text(args.output, json.dumps(result, indent=1), inputs)
     return 0
 
 

@@ -13,11 +13,13 @@ OpenNMT-py's own sequences (``data.sentence_markup: false``: no ``<s> … </s>``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from typing import Optional
 
-from onmt_doc.bin.common import ArgumentParser, run
+from onmt_doc.bin.common import ArgumentParser, run, run_folder_lock
 from onmt_doc.convert.opennmt import import_opennmt
+from onmt_doc.outputs import check_writable_target, refuse_inputs
 
 
 def _main(argv: Optional[list[str]] = None) -> int:
@@ -60,17 +62,25 @@ def _main(argv: Optional[list[str]] = None) -> int:
     )
     p.add_argument("-force", "--force", action="store_true", help="overwrite -output if it exists")
     args = p.parse_args(argv)
-    payload = import_opennmt(
-        args.model,
-        args.output,
-        args.src_subword_model,
-        args.tgt_subword_model,
-        args.subword_type,
-        args.tokenizer,
-        args.force,
-        args.run_dir,
-        args.sentence_markup,
-    )
+    inputs = [
+        ("-model", args.model),
+        ("-src_subword_model", args.src_subword_model),
+        ("-tgt_subword_model", args.tgt_subword_model),
+    ]
+    refuse_inputs(args.output, inputs)
+    check_writable_target(args.output)
+    with run_folder_lock(args.run_dir) if args.run_dir else contextlib.nullcontext():
+        payload = import_opennmt(
+            args.model,
+            args.output,
+            args.src_subword_model,
+            args.tgt_subword_model,
+            args.subword_type,
+            args.tokenizer,
+            args.force,
+            args.run_dir,
+            args.sentence_markup,
+        )
     m = payload["config"]["model"]
     print(
         f"imported {args.model} to {args.output}: d_model {m['d_model']}, "

@@ -2,7 +2,7 @@
 """Write the synthetic document-level toy corpus, or score context pronouns.
 
 Usage (also writes DIR/test.contrastive.json and .tsv, the test split's contrastive suite):
-    onmt_doc_make_toy_corpus --out DIR [--seed 1] [--train-docs N]
+    onmt_doc_make_toy_corpus --out DIR [--seed 1] [--force] [--train-docs N]
                                     [--valid-docs N] [--test-docs N]
     onmt_doc_make_toy_corpus score --hyp FILE --ctx DIR/test.ctx [--ref FILE]
 
@@ -14,25 +14,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Optional
 
-from onmt_doc.evaluation.toy_pronouns import score_context
-from onmt_doc.toy.contrastive_suite import write_toy_suite
-from onmt_doc.toy.corpus import SPLITS, write_corpus
+from onmt_doc.bin.common import ArgumentParser, run
+from onmt_doc.errors import UserError
 
 PROG = "onmt_doc_make_toy_corpus"
-
-
-class _Parser(argparse.ArgumentParser):
-    """ArgumentParser whose errors are one stderr line and exit status 1."""
-
-    def error(self, message: str) -> NoReturn:
-        _fail(message)
-
-
-def _fail(message: str) -> NoReturn:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    sys.exit(1)
+SUITE_FILES = ("test.contrastive.json", "test.contrastive.tsv")
 
 
 def _non_negative_int(text: str) -> int:
@@ -45,8 +33,8 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
-def _generate_parser() -> _Parser:
-    p = _Parser(
+def _generate_parser() -> ArgumentParser:
+    p = ArgumentParser(
         prog=PROG,
         description="Write train/valid/test .src/.tgt/.ctx files of the toy corpus.",
         epilog=f"To score a hypothesis: {PROG} score --hyp FILE --ctx DIR/test.ctx",
@@ -56,11 +44,12 @@ def _generate_parser() -> _Parser:
     p.add_argument("--train-docs", type=_non_negative_int, default=5000)
     p.add_argument("--valid-docs", type=_non_negative_int, default=145)
     p.add_argument("--test-docs", type=_non_negative_int, default=145)
+    p.add_argument("--force", action="store_true", help="replace corpus files that already exist in --out")
     return p
 
 
-def _score_parser() -> _Parser:
-    p = _Parser(
+def _score_parser() -> ArgumentParser:
+    p = ArgumentParser(
         prog=f"{PROG} score",
         description="Accuracy of context-dependent pronouns in a line-aligned hypothesis.",
     )
@@ -70,32 +59,48 @@ def _score_parser() -> _Parser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Generate the corpus (or ``score`` a hypothesis); a bad path or value is one line on stderr, exit 1."""
+def _refuse_existing(out: Path, force: bool) -> None:
+    """A corpus folder is often a data folder: files of the same name are not replaced silently."""
+    from onmt_doc.outputs import make_folders
+    from onmt_doc.toy.corpus import SPLITS
+
+    names = [f"{split}.{ext}" for split in SPLITS for ext in ("src", "tgt", "ctx")] + list(SUITE_FILES)
+    existing = [name for name in names if (out / name).exists()]
+    if existing and not force:
+        shown = ", ".join(existing[:3]) + (f" and {len(existing) - 3} more" if len(existing) > 3 else "")
+        raise UserError(f"--out {out} already holds {shown}; add --force to replace them, or choose another folder")
+    make_folders(out, "--out")
+
+
+def _main(argv: Optional[list[str]]) -> int:
     args_in = sys.argv[1:] if argv is None else argv
-    try:
-        if args_in and args_in[0] == "score":
-            args = _score_parser().parse_args(args_in[1:])
-            result = score_context(args.hyp, args.ctx, args.ref)
-            print(f"context accuracy: {100 * result['accuracy']:.1f}% ({result['correct']}/{result['total']})")
-            return 0
-        args = _generate_parser().parse_args(args_in)
-        stats = write_corpus(
-            args.out,
-            seed=args.seed,
-            train_docs=args.train_docs,
-            valid_docs=args.valid_docs,
-            test_docs=args.test_docs,
-        )
-        suite = write_toy_suite(args.out, seed=args.seed, test_docs=args.test_docs)
-    except (OSError, ValueError) as exc:
-        _fail(str(exc))
+    if args_in and args_in[0] == "score":
+        from onmt_doc.evaluation.toy_pronouns import score_context
+
+        args = _score_parser().parse_args(args_in[1:])
+        result = score_context(args.hyp, args.ctx, args.ref)
+        print(f"context accuracy: {100 * result['accuracy']:.1f}% ({result['correct']}/{result['total']})")
+        return 0
+    from onmt_doc.toy.contrastive_suite import write_toy_suite
+    from onmt_doc.toy.corpus import SPLITS, write_corpus
+
+    args = _generate_parser().parse_args(args_in)
+    _refuse_existing(args.out, args.force)
+    stats = write_corpus(
+        args.out, seed=args.seed, train_docs=args.train_docs, valid_docs=args.valid_docs, test_docs=args.test_docs
+    )
+    suite = write_toy_suite(args.out, seed=args.seed, test_docs=args.test_docs)
     parts = [
         f"{split} {s.sentences} sentences / {s.documents} docs / {s.context_words} context words"
         for split, s in ((name, stats[name]) for name in SPLITS)
     ]
     print(f"wrote {args.out}: " + "; ".join(parts) + f"; contrastive suite test.contrastive.json/.tsv: {suite} items")
     return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Generate the corpus (or ``score`` a hypothesis); a user mistake is one line on stderr, exit 1."""
+    return run(_main, argv)
 
 
 if __name__ == "__main__":

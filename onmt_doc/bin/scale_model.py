@@ -21,6 +21,7 @@ import yaml
 
 from onmt_doc.bin.common import ArgumentParser, add_config_args, run
 from onmt_doc.errors import UserError
+from onmt_doc.outputs import check_writable_target, output_file, refuse_inputs
 
 
 def _main(argv: Optional[list[str]] = None) -> int:
@@ -55,6 +56,8 @@ def _main(argv: Optional[list[str]] = None) -> int:
     )
 
     cfg = load_config(args.config, args.overrides)
+    refuse_inputs(args.output, [("-config", args.config)])
+    check_writable_target(args.output)  # before the short runs, not after them
     scaled_parts(cfg)  # a model without layers/ff fails before any training
     losses = parse_losses(args.losses)
     if losses is None:
@@ -79,7 +82,7 @@ def _main(argv: Optional[list[str]] = None) -> int:
         losses = measure_losses(short_run, cfg, args.epsilon, train)
     dec = cfg.model.decoder
     plan = plan_scaling(dec.layers, dec.ff, cfg.model.d_model, losses, args.epsilon, args.beta, args.ff_multiple)
-    with open(args.output, "w", encoding="utf-8") as f:
+    with output_file(args.output, [("-config", args.config)]) as f:
         f.write(
             f"# scaled by onmt_doc_scale_model from {args.config}: validation losses "
             f"base/deeper/wider {losses[0]:.4f}/{losses[1]:.4f}/{losses[2]:.4f}, epsilon {args.epsilon}\n"

@@ -12,13 +12,13 @@ Several -model checkpoints translate as an ensemble. A thin layer over the Pytho
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
-from typing import IO, Callable, Optional
+from typing import Optional
 
 from onmt_doc.bin.common import ArgumentParser, run
 from onmt_doc.errors import UserError
+from onmt_doc.outputs import check_writable_target, output_file, refuse_inputs
 
 
 def _parser() -> ArgumentParser:
@@ -130,7 +130,9 @@ def _main(argv: Optional[list[str]]) -> int:
     setup_logging()
     if args.score and not args.tgt:
         raise UserError("-score needs -tgt (the translations to score)")
-    _check_output(args.output, [("-src", args.src), ("-tgt", args.tgt), *(("-model", m) for m in args.model)])
+    inputs = [("-src", args.src), ("-tgt", args.tgt), *(("-model", m) for m in args.model)]
+    refuse_inputs(args.output, inputs)
+    check_writable_target(args.output)
     if args.max_line_chars is not None and args.max_line_chars < 0:
         raise UserError(f"-max_line_chars must be >= 0 (got {args.max_line_chars})")
     if args.threads:
@@ -142,12 +144,8 @@ def _main(argv: Optional[list[str]]) -> int:
     if args.max_line_chars is not None:
         translator.cfg.data.max_line_chars = args.max_line_chars
     start = time.time()
-    if args.output == "-":
-        pairs = translator.run_files(args.src, sys.stdout, args.tgt, score=args.score)
-    else:
-        pairs = _write_atomically(
-            args.output, lambda out: translator.run_files(args.src, out, args.tgt, score=args.score)
-        )
+    with output_file(args.output, inputs) as out:
+        pairs = translator.run_files(args.src, out, args.tgt, score=args.score)
     scores = report(*pairs, translator.cfg.data.documents) if pairs else None
     elapsed = time.time() - start
     print(
@@ -160,42 +158,6 @@ def _main(argv: Optional[list[str]]) -> int:
             file=sys.stderr,
         )
     return 0
-
-
-def _check_output(output: str, inputs: list[tuple[str, Optional[str]]]) -> None:
-    """Refuse an -output that is, or resolves to (links, hard links), one of the inputs."""
-    if output == "-":
-        return
-    for flag, path in inputs:
-        if not path or path == "-":
-            continue
-        same = os.path.realpath(output) == os.path.realpath(path)
-        if not same and os.path.exists(output) and os.path.exists(path):
-            same = os.path.samefile(output, path)
-        if same:
-            raise UserError(f"-output {output} is the {flag} file {path}; writing it would destroy the input")
-
-
-def _write_atomically(path: str, write: Callable[[IO[str]], object]) -> object:
-    """Run ``write`` on a temporary file next to ``path`` (a link's target), renamed to it only on
-    success: an interrupted or failed run leaves an existing file as it was."""
-    if os.path.isdir(path):
-        raise UserError(f"-output {path}: is a directory")
-    path = os.path.realpath(path)
-    folder = os.path.dirname(path)
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp{os.getpid()}")
-    try:
-        out = open(tmp, "w", encoding="utf-8")
-    except OSError as e:
-        raise UserError(f"-output {path}: cannot write in {folder} ({e.strerror})") from None
-    try:
-        with out:
-            result = write(out)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return result
 
 
 def main(argv: Optional[list[str]] = None) -> int:

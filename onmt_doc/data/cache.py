@@ -15,6 +15,7 @@ import numpy as np
 
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import read_parallel
+from onmt_doc.outputs import output_file
 
 TokenizedDocs = list[list[tuple[np.ndarray, np.ndarray]]]
 
@@ -75,10 +76,8 @@ def load_tokenized(
     np.cumsum([len(d) for d in text_docs], out=doc_offsets[1:])
     docs = [list(zip(src_ids[a:b], tgt_ids[a:b])) for a, b in zip(doc_offsets[:-1], doc_offsets[1:])]
     if path:
-        os.makedirs(cache_dir, exist_ok=True)
         s_flat, s_off = _flatten(src_ids)
         t_flat, t_off = _flatten(tgt_ids)
-        tmp = f"{path}.tmp{os.getpid()}.npz"
-        np.savez(tmp, src=s_flat, src_offsets=s_off, tgt=t_flat, tgt_offsets=t_off, doc_offsets=doc_offsets)
-        os.replace(tmp, path)
+        with output_file(path, flag="", binary=True, make_folder=True) as f:
+            np.savez(f, src=s_flat, src_offsets=s_off, tgt=t_flat, tgt_offsets=t_off, doc_offsets=doc_offsets)
     return docs, False

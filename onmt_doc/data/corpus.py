@@ -20,6 +20,7 @@ from itertools import zip_longest
 from typing import IO, Iterator, Optional
 
 from onmt_doc.errors import DataError
+from onmt_doc.outputs import open_input
 
 log = logging.getLogger("onmt_doc")
 
@@ -50,22 +51,44 @@ def _check_line(line: str, name: str, number: int, max_chars: int) -> None:
         raise DataError(f"{name}:{number}: line has {len(line)} characters, more than data.max_line_chars={max_chars}")
 
 
+# the longest line read when data.max_line_chars is 0 (no limit set): a file or device with no line
+# end (``/dev/zero``, an endless pipe) is an error once a line passes it, not a machine out of memory
+MAX_LINE_BYTES = 64 << 20
+
+
+def _stdin() -> IO[bytes]:
+    if sys.stdin is None or sys.stdin.closed:
+        raise DataError("standard input is closed; give a file instead of '-'")
+    return sys.stdin.buffer
+
+
+def _bounded_lines(stream: IO[bytes], name: str, max_chars: int) -> Iterator[bytes]:
+    """The raw lines of ``stream``, each read with a bound (4 bytes per allowed character, at
+    most ``MAX_LINE_BYTES``), so one endless line cannot exhaust memory."""
+    limit = min(4 * max_chars + 2, MAX_LINE_BYTES) if max_chars else MAX_LINE_BYTES
+    number = 0
+    while True:
+        try:
+            raw = stream.readline(limit + 1)
+        except OSError as e:
+            raise DataError(f"{name}: read failed after line {number} ({e.strerror or e})") from None
+        if not raw:
+            return
+        number += 1
+        if len(raw) > limit and not raw.endswith(b"\n"):
+            most = f"data.max_line_chars={max_chars}" if max_chars and limit < MAX_LINE_BYTES else f"{limit} bytes"
+            raise DataError(f"{name}:{number}: line longer than {most} (no line end found); is this a text file?")
+        yield raw
+
+
 def iter_lines(path: str, max_chars: int = 0, stream: Optional[IO[bytes]] = None) -> Iterator[str]:
     """Lines of a UTF-8 file without their line ends ('-' = standard input)."""
     name = "<stdin>" if path == "-" else path
     if stream is None:
-        if path == "-":
-            stream = sys.stdin.buffer
-        else:
-            try:
-                stream = open(path, "rb")
-            except FileNotFoundError:
-                raise DataError(f"{path}: file not found") from None
-            except IsADirectoryError:
-                raise DataError(f"{path}: is a directory, not a text file") from None
+        stream = _stdin() if path == "-" else open_input(path)
     blank_like, first_blank_like = 0, 0
     try:
-        for number, raw in enumerate(stream, 1):
+        for number, raw in enumerate(_bounded_lines(stream, name, max_chars), 1):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:

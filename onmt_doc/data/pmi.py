@@ -43,6 +43,7 @@ from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import iter_parallel
 from onmt_doc.data.fields import FieldContext, register_field
 from onmt_doc.errors import ConfigError, UserError
+from onmt_doc.outputs import Input, output_file
 
 if TYPE_CHECKING:
     from onmt_doc.data.instances import Example
@@ -259,14 +260,11 @@ class PMITable:
                 f"{len(codec.tgt_vocab)}); rebuild it with onmt_doc_build_pmi_table -config <this config>"
             )
 
-    def save(self, path: str) -> None:
-        """One uncompressed ``.npz`` at exactly ``path``, written atomically."""
+    def save(self, path: str, inputs: Sequence[Input] = (), flag: str = "-output") -> None:
+        """One uncompressed ``.npz`` at exactly ``path``, written atomically (never onto ``inputs``)."""
         meta = json.dumps({"format": TABLE_FORMAT, "n_pairs": self.n_pairs, "vocab": self.vocab})
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "wb") as f:
+        with output_file(path, inputs, flag, binary=True, make_folder=True) as f:
             np.savez(f, meta=np.array(meta), **{name: getattr(self, name) for name in _ARRAYS})
-        os.replace(tmp, path)
 
     @classmethod
     def load(cls, path: str, codec: Optional[Codec] = None, normaliser: Normaliser = "shared") -> "PMITable":
@@ -427,15 +425,13 @@ def sentence_z_star(
     if zs is None:
         zs = z_star(table, src, tgt)
         if path:
-            os.makedirs(cache_dir, exist_ok=True)
-            tmp = f"{path}.tmp{os.getpid()}.npz"
-            np.savez(
-                tmp,
-                z=np.concatenate(zs) if zs else np.zeros(0, np.int8),
-                lengths=np.array([len(t) for t in tgt], dtype=np.int64),
-                normaliser=np.array(table.normaliser),
-            )
-            os.replace(tmp, path)
+            with output_file(path, flag="", binary=True, make_folder=True) as f:
+                np.savez(
+                    f,
+                    z=np.concatenate(zs) if zs else np.zeros(0, np.int8),
+                    lengths=np.array([len(t) for t in tgt], dtype=np.int64),
+                    normaliser=np.array(table.normaliser),
+                )
     out, i = [], 0
     for d in docs:
         out.append(zs[i : i + len(d)])

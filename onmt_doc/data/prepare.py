@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import time
 from collections import Counter
 from itertools import islice
 from typing import Iterator, Optional, Sequence
@@ -20,7 +22,8 @@ from onmt_doc.data.fields import FieldProvider, attach_fields
 from onmt_doc.data.instances import Example, build_instances
 from onmt_doc.data.tokenizer import Subword
 from onmt_doc.data.vocab import Vocab
-from onmt_doc.errors import ConfigError
+from onmt_doc.errors import ConfigError, UserError
+from onmt_doc.outputs import Input, input_problem, make_folders, write_bytes
 
 log = logging.getLogger("onmt_doc")
 
@@ -45,10 +48,22 @@ def train_corpora(cfg: Config) -> list[CorpusConfig]:
         where = "data.train" if single else f"data.train.{c.name}"
         if not c.src or not c.tgt:
             raise ConfigError(f"{where}.src and {where}.tgt are required")
-        for key, path in ((f"{where}.src", c.src), (f"{where}.tgt", c.tgt)):
-            if not os.path.isfile(path):
-                raise ConfigError(f"{key}: {path}: file not found")
+    check_corpus_files(cfg)
     return corpora
+
+
+def check_corpus_files(cfg: Config) -> None:
+    """Every training and validation file is a readable file: checked before any slow work, so a
+    misspelt validation file is not found only after the subword model is learned."""
+    for split in ("train", "valid"):
+        single = isinstance(getattr(cfg.data, split), CorpusConfig)
+        for c in cfg.data.corpora(split):
+            where = f"data.{split}" if single else f"data.{split}.{c.name}"
+            for side in ("src", "tgt"):
+                path = getattr(c, side)
+                problem = input_problem(path) if path else None
+                if problem:
+                    raise ConfigError(f"{where}.{side}: {path}: {problem}")
 
 
 def require_train_paths(cfg: Config) -> tuple[str, str]:
@@ -64,9 +79,11 @@ def _nonblank(path: str, max_chars: int, limit: int) -> Iterator[str]:
     return islice(lines, limit) if limit else lines
 
 
-def build_codec(cfg: Config, run_dir: str) -> Codec:
-    """Learn the subword model(s) on the training files (of every corpus) and count the vocabularies."""
+def build_codec(cfg: Config, run_dir: str, force: bool = False) -> Codec:
+    """Learn the subword model(s) on the training files (of every corpus), count the vocabularies
+    and save them in ``run_dir`` (:func:`save_codec`: ``force`` replaces those of a run with checkpoints)."""
     corpora = train_corpora(cfg)
+    inputs = [(f"data.train.{c.name}.{side}", getattr(c, side)) for c in corpora for side in ("src", "tgt")]
     v, max_chars = cfg.vocab, cfg.data.max_line_chars
     for c in corpora:  # validate alignment before the slow part
         read_parallel(c.src, c.tgt, c.documents, max_chars)
@@ -93,19 +110,77 @@ def build_codec(cfg: Config, run_dir: str) -> Codec:
         src_vocab = Vocab.build(counts["src"], v.min_freq, v.max_size)
         tgt_vocab = Vocab.build(counts["tgt"], v.min_freq, v.max_size)
     codec = Codec(src_sw, tgt_sw, src_vocab, tgt_vocab)
-    save_codec(codec, run_dir, v.shared)
+    save_codec(codec, run_dir, v.shared, inputs, force)
     return codec
 
 
-def save_codec(codec: Codec, run_dir: str, shared: bool) -> None:
+def codec_files(cfg: Config, run_dir: str) -> list[tuple[str, str]]:
+    """The run folder's subword model and vocabulary files that exist, as (what, path) inputs of a
+    command (so that no output of it may land on them)."""
+    p = _paths(run_dir, cfg.vocab.shared)
+    return [(f"run folder's {key}", path) for key, path in p.items() if os.path.exists(path)]
+
+
+def run_checkpoints(run_dir: str) -> list[str]:
+    """The checkpoints of a run folder (``checkpoints/*.pt``), sorted by name."""
+    folder = os.path.join(run_dir, "checkpoints")
+    return sorted(e.path for e in os.scandir(folder) if e.name.endswith(".pt")) if os.path.isdir(folder) else []
+
+
+def save_codec(
+    codec: Codec, run_dir: str, shared: bool, inputs: Sequence[Input] = (), force: bool = False
+) -> list[str]:
     """Write the subword model(s) and vocabularies into the run folder, so a checkpoint's run is
-    self-contained and translation needs nothing from the training machine."""
-    os.makedirs(run_dir, exist_ok=True)
+    self-contained and translation needs nothing from the training machine. Call with the run
+    folder locked. A file that would change in a run that has checkpoints is refused unless
+    ``force``, which first keeps the old file as ``<name>.backup-<time>`` (returned): the
+    checkpoints' token ids mean the old vocabulary's tokens."""
+    make_folders(run_dir, "log.dir")
     p = _paths(run_dir, shared)
-    codec.src_subword.save(p["src_subword"])
-    codec.tgt_subword.save(p["tgt_subword"])
-    codec.src_vocab.save(p["src_vocab"])
-    codec.tgt_vocab.save(p["tgt_vocab"])
+    new = {
+        "src_subword": codec.src_subword.model,
+        "tgt_subword": codec.tgt_subword.model,
+        "src_vocab": codec.src_vocab.text().encode("utf-8"),
+        "tgt_vocab": codec.tgt_vocab.text().encode("utf-8"),
+    }
+    changed = {key: p[key] for key, data in new.items() if data is not None and _differs(p[key], data)}
+    backups: list[str] = []
+    if changed and any(os.path.exists(path) for path in changed.values()):
+        backups = _guard_replacement(run_dir, sorted(set(changed.values())), force)
+    for path, key in {path: key for key, path in changed.items()}.items():
+        write_bytes(path, new[key], inputs, flag="")
+    return backups
+
+
+def _differs(path: str, data: bytes) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read() != data
+    except FileNotFoundError:
+        return True
+
+
+def _guard_replacement(run_dir: str, paths: list[str], force: bool) -> list[str]:
+    """Refuse to replace the vocabulary of a run with checkpoints unless ``force``; with it, back
+    the old files up first."""
+    existing = [path for path in paths if os.path.exists(path)]
+    ckpts = run_checkpoints(run_dir)
+    if not existing or not ckpts:
+        return []
+    if not force:
+        raise UserError(
+            f"{run_dir} has {len(ckpts)} checkpoint(s) trained with its current vocabulary; replacing "
+            f"{', '.join(os.path.basename(x) for x in existing)} would make them unusable for this run. Use "
+            f"another log.dir, or add -force (the old files are kept as <name>.backup-<time>)"
+        )
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    backups = []
+    for path in existing:
+        backup = f"{path}.backup-{stamp}"
+        shutil.copy2(path, backup)
+        backups.append(backup)
+        log.warning("%s: replaced; the old file is kept as %s", path, backup)
+    return backups
 
 
 def load_codec(cfg: Config, run_dir: str) -> Optional[Codec]:

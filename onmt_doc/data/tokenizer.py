@@ -13,6 +13,7 @@ from typing import Iterable, Optional, Sequence
 import pyonmttok
 
 from onmt_doc.errors import DataError
+from onmt_doc.outputs import write_bytes
 
 
 class Subword:
@@ -65,10 +66,7 @@ class Subword:
     def save(self, path: str) -> None:
         """Write the raw subword model (usable by other pyonmttok/SentencePiece tools)."""
         if self.model is not None:
-            tmp = f"{path}.tmp{os.getpid()}"
-            with open(tmp, "wb") as f:
-                f.write(self.model)
-            os.replace(tmp, path)
+            write_bytes(path, self.model, flag="")
 
     @classmethod
     def learn(cls, kind: str, mode: str, size: int, lines: Iterable[str]) -> "Subword":

@@ -7,11 +7,11 @@ vocabulary, so sentence and document checkpoints can initialise each other.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from typing import Iterable, Sequence
 
 from onmt_doc.errors import DataError
+from onmt_doc.outputs import write_text
 
 PAD, UNK, SOS, EOS_SENT, BOS, EOS, MASK = "<pad>", "<unk>", "<s>", "</s>", "<bos>", "<eos>", "<mask>"
 SPECIALS = (PAD, UNK, SOS, EOS_SENT, BOS, EOS, MASK)
@@ -56,10 +56,11 @@ class Vocab:
 
     def save(self, path: str) -> None:
         """One token a line, written atomically so a crashed run never leaves a truncated vocabulary."""
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write("\n".join(self.itos) + "\n")
-        os.replace(tmp, path)
+        write_text(path, self.text(), flag="")
+
+    def text(self) -> str:
+        """The file format of :meth:`save`: one token a line."""
+        return "\n".join(self.itos) + "\n"
 
     @classmethod
     def load(cls, path: str) -> "Vocab":

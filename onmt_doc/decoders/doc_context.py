@@ -46,7 +46,7 @@ from onmt_doc.parts import EncoderOut, PartContext
 class DocContextDecoderConfig(TransformerDecoderConfig):
     """``model.decoder`` keys of ``type: doc_context`` (HM-GDC): the Transformer decoder's plus ``context``."""
 
-    heads: int = option(8, "attention heads (self, cross and document); must divide `model.d_model`")
+    heads: int = option(8, "attention heads (self, cross and document); must divide `model.d_model`", minimum=1)
     context: Literal["document", "own_sentence"] = option(
         "document",
         "what the DocEnc–Decoder attention reads (eqs. 8–9): `document` = C, the words (with context) "

@@ -30,9 +30,9 @@ from onmt_doc.parts import EncoderOut, PartContext
 class GatedTransformerDecoderConfig(PartConfig):
     """``model.decoder`` keys of ``type: gated_transformer`` (help text in each field's ``option``)."""
 
-    layers: int = option(6, "number of layers")
-    heads: int = option(8, "attention heads (self and cross); must divide `model.d_model`")
-    ff: int = option(2048, "inner size of the feed-forward network")
+    layers: int = option(6, "number of layers", minimum=0)
+    heads: int = option(8, "attention heads (self and cross); must divide `model.d_model`", minimum=1)
+    ff: int = option(2048, "inner size of the feed-forward network", minimum=1)
     norm: Placement = option(
         "post",
         "layer norm placement: `post` = the Transformer's post-norm blocks with the "

@@ -32,9 +32,11 @@ from onmt_doc.parts import EncoderOut, PartContext
 class MHPLSTMDecoderConfig(PartConfig):
     """``model.decoder`` keys of ``type: mhplstm`` (help text in each field's ``option``)."""
 
-    layers: int = option(6, "number of layers")
-    heads: int = option(8, "MHPLSTM heads (eqs. 19–21) and cross-attention heads; must divide `model.d_model`")
-    ff: int = option(2048, "inner size of the feed-forward sublayer")
+    layers: int = option(6, "number of layers", minimum=0)
+    heads: int = option(
+        8, "MHPLSTM heads (eqs. 19–21) and cross-attention heads; must divide `model.d_model`", minimum=1
+    )
+    ff: int = option(2048, "inner size of the feed-forward sublayer", minimum=1)
     ffn: bool = option(True, '`false` drops the feed-forward sublayer (the paper\'s table 3, "− FFN")')
     hidden_layers: int = option(
         2, "hidden state from a 2-layer network (eq. 14, the paper's choice) or 1 layer (eq. 13); must be 1 or 2"

@@ -40,9 +40,9 @@ from onmt_doc.parts import EncoderOut, PartContext
 class ReformerDecoderConfig(PartConfig):
     """``model.decoder`` keys of ``type: reformer`` (help text in each field's ``option``)."""
 
-    layers: int = option(6, "number of Reformer layers (4 sublayers each)")
-    heads: int = option(8, "attention heads of both separable attentions; must divide `model.d_model`")
-    ff: int = option(2048, "inner size of the two feed-forward networks of a layer")
+    layers: int = option(6, "number of Reformer layers (4 sublayers each)", minimum=0)
+    heads: int = option(8, "attention heads of both separable attentions; must divide `model.d_model`", minimum=1)
+    ff: int = option(2048, "inner size of the two feed-forward networks of a layer", minimum=1)
     shared_dropout: bool = option(
         True,
         "`model.dropout` as the paper's Dropout1d on attention outputs (noise "

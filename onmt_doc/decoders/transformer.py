@@ -23,9 +23,9 @@ from onmt_doc.parts import EncoderOut, PartContext
 class TransformerDecoderConfig(PartConfig):
     """``model.decoder`` keys of ``type: transformer`` (help text in each field's ``option``)."""
 
-    layers: int = option(6, "number of layers")
-    heads: int = option(8, "attention heads (self and cross); must divide `model.d_model`")
-    ff: int = option(2048, "inner size of the feed-forward network")
+    layers: int = option(6, "number of layers", minimum=0)
+    heads: int = option(8, "attention heads (self and cross); must divide `model.d_model`", minimum=1)
+    ff: int = option(2048, "inner size of the feed-forward network", minimum=1)
     pre_norm: bool = option(True, "pre-norm with final layer norm, or post-norm")
 
     def validate(self, path: str, root: Config) -> None:

@@ -40,7 +40,7 @@ class GTransformerEncoderConfig(TransformerEncoderConfig):
     """``model.encoder`` keys of ``type: g_transformer``; adds group/global attention switches to the
     Transformer encoder's keys."""
 
-    heads: int = option(8, "attention heads (group and global); must divide `model.d_model`")
+    heads: int = option(8, "attention heads (group and global); must divide `model.d_model`", minimum=1)
     group_attention: bool = option(
         True,
         "`false` = the document-Transformer baseline: every layer attends over "

@@ -48,12 +48,14 @@ from onmt_doc.registry import registry_for
 class HierarchicalEncoderConfig(TransformerEncoderConfig):
     """``model.encoder`` keys of ``type: hierarchical`` (HM-GDC); ``layers`` etc. configure the sentence encoder."""
 
-    layers: int = option(6, "sentence encoder layers")
-    heads: int = option(8, "attention heads (every attention of the encoder); must divide `model.d_model`")
-    ff: int = option(2048, "inner size of the feed-forward networks (sentence and document layers)")
+    layers: int = option(6, "sentence encoder layers", minimum=0)
+    heads: int = option(8, "attention heads (every attention of the encoder); must divide `model.d_model`", minimum=1)
+    ff: int = option(2048, "inner size of the feed-forward networks (sentence and document layers)", minimum=1)
     pre_norm: bool = option(True, "as for `transformer`; also for the document layers")
     doc_layers: int = option(
-        2, "document encoder layers over the sentence vectors (eq. 4); with `share_attention` at most `layers`"
+        2,
+        "document encoder layers over the sentence vectors (eq. 4); with `share_attention` at most `layers`",
+        minimum=0,
     )
     share_attention: bool = option(
         True,
@@ -76,7 +78,9 @@ class HierarchicalEncoderConfig(TransformerEncoderConfig):
         'paper\'s "decoder only" integration (with another decoder the context would be '
         "unused: a config error)",
     )
-    context_dropout: float = option(0.1, "P of the residual dropout that adds the context to each word (eq. 7)")
+    context_dropout: float = option(
+        0.1, "P of the residual dropout that adds the context to each word (eq. 7); in [0, 1)", minimum=0, below=1
+    )
     context: Literal["own_sentence", "document"] = option(
         "own_sentence",
         "what a word's context attention reads (eqs. 5–6): `own_sentence` = H^S_i, the document "

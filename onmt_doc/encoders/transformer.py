@@ -22,9 +22,9 @@ from onmt_doc.parts import EncoderOut, PartContext
 class TransformerEncoderConfig(PartConfig):
     """``model.encoder`` keys of ``type: transformer`` (help text in each field's ``option``)."""
 
-    layers: int = option(6, "number of layers")
-    heads: int = option(8, "attention heads; must divide `model.d_model`")
-    ff: int = option(2048, "inner size of the feed-forward network")
+    layers: int = option(6, "number of layers", minimum=0)
+    heads: int = option(8, "attention heads; must divide `model.d_model`", minimum=1)
+    ff: int = option(2048, "inner size of the feed-forward network", minimum=1)
     pre_norm: bool = option(
         True,
         "layer norm before each sublayer plus a final layer norm (`true`), or after "

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from onmt_doc.errors import DataError
+from onmt_doc.outputs import open_input
 from onmt_doc.toy.corpus import ALL_PRONOUN_FORMS
 
 __all__ = ["read_ctx", "score_context"]
@@ -15,7 +17,12 @@ __all__ = ["read_ctx", "score_context"]
 
 def _read_lines(path: Path) -> list[str]:
     """Lines of a UTF-8 file, split on '\\n' only (not on Unicode separators)."""
-    text = path.read_text(encoding="utf-8")
+    with open_input(path) as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: invalid UTF-8 at byte {e.start}") from None
     if not text:
         return []
     lines = text.split("\n")
@@ -39,7 +46,7 @@ def read_ctx(ctx_path: str | Path) -> list[tuple[int, int, str]]:
             if line_no < 1 or word_index < 0 or not word:
                 raise ValueError
         except ValueError:
-            raise ValueError(f"{path}:{n}: expected 'line_no<TAB>word_index<TAB>word', got {line!r}") from None
+            raise DataError(f"{path}:{n}: expected 'line_no<TAB>word_index<TAB>word', got {line!r}") from None
         entries.append((line_no, word_index, word))
     return entries
 
@@ -53,7 +60,7 @@ def score_context(
 
     The hypothesis must be line-aligned with the reference ``.tgt`` (default:
     ``ctx_path`` with suffix ``.tgt``), blank document-separator lines
-    included; otherwise a ``ValueError`` naming the file is raised.  If no
+    included; otherwise a ``DataError`` naming the file is raised.  If no
     reference file exists, the hypothesis only needs to cover every line_no
     and an entry is correct if either rule below accepts it.
 
@@ -74,13 +81,13 @@ def score_context(
     if ref_path is not None or ref_file.is_file():
         ref = _read_lines(ref_file)
         if len(hyp) != len(ref):
-            raise ValueError(
+            raise DataError(
                 f"{hyp_file}: has {len(hyp)} lines but reference {ref_file} has "
                 f"{len(ref)} (keep one output line per input line, blank lines included)"
             )
     last = max((e[0] for e in entries), default=0)
     if last > len(hyp):
-        raise ValueError(f"{hyp_file}: has {len(hyp)} lines but {ctx_file} refers to line {last}")
+        raise DataError(f"{hyp_file}: has {len(hyp)} lines but {ctx_file} refers to line {last}")
 
     correct = 0
     for line_no, word_index, expected in entries:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -36,6 +35,7 @@ from onmt_doc.models.checkpoint import load_model
 from onmt_doc.models.model import EncoderDecoder
 from onmt_doc.modules.attention import MultiHeadAttention
 from onmt_doc.modules.embeddings import sinusoid_table
+from onmt_doc.outputs import output_folder, write_text
 
 QUANTIZATIONS = ("float32", "float16", "bfloat16", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16")
 INFO_FILE = "onmt_doc_export.json"
@@ -179,25 +179,18 @@ def export_ctranslate2(
         raise UserError(f"-quantization must be one of {', '.join(QUANTIZATIONS)} (got {quantization!r})")
     if max_positions < 2:
         raise UserError(f"-max_positions must be at least 2 (got {max_positions})")
-    if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
-        if not force:
-            raise UserError(f"{output} exists and is not an empty folder; add -force to overwrite it")
-        shutil.rmtree(output) if os.path.isdir(output) else os.remove(output)
-    model, cfg, codec = load_model(checkpoint)
-    spec = build_spec(model, codec, max_positions)
-    spec.optimize(quantization=quantization)
-    os.makedirs(output, exist_ok=True)
-    spec.save(output)
-    info = export_info(codec, quantization or "float32", max_positions, cfg.data.sentence_markup)
-    for side, subword in (("source", codec.src_subword), ("target", codec.tgt_subword)):
-        name = info["tokenization"][side]["subword_model"]
-        if name:
-            subword.save(os.path.join(output, name))
-    with open(os.path.join(output, INFO_FILE), "w", encoding="utf-8") as f:
-        json.dump(info, f, indent=2, sort_keys=True)
-        f.write("\n")
-    with open(os.path.join(output, "README.md"), "w", encoding="utf-8") as f:
-        f.write(_readme(info))
+    with output_folder(output, [("-model", checkpoint)], force=force) as folder:
+        model, cfg, codec = load_model(checkpoint)
+        spec = build_spec(model, codec, max_positions)
+        spec.optimize(quantization=quantization)
+        spec.save(folder)
+        info = export_info(codec, quantization or "float32", max_positions, cfg.data.sentence_markup)
+        for side, subword in (("source", codec.src_subword), ("target", codec.tgt_subword)):
+            name = info["tokenization"][side]["subword_model"]
+            if name:
+                subword.save(os.path.join(folder, name))
+        write_text(os.path.join(folder, INFO_FILE), json.dumps(info, indent=2, sort_keys=True) + "\n", flag="")
+        write_text(os.path.join(folder, "README.md"), _readme(info), flag="")
     return info
 
 

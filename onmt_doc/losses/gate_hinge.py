@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 class PMIGateHingeConfig(LossConfig):
     """``loss`` entry keys of ``type: pmi_gate_hinge``; ``validate`` checks ``layers`` against the decoder."""
 
-    weight: float = option(1.0, "λ of eq. 5")
+    weight: float = option(1.0, "λ of eq. 5; at least 0", minimum=0)
     table: Optional[str] = option(
         None,
         "PMI table built with `onmt_doc_build_pmi_table` with this run's "

@@ -28,7 +28,9 @@ if TYPE_CHECKING:
 class LabelSmoothedCEConfig(LossConfig):
     """``loss`` entry keys of ``type: label_smoothed_ce``."""
 
-    smoothing: float = option(0.1, "ε; 0 = plain cross entropy")
+    smoothing: float = option(
+        0.1, "ε; 0 = plain cross entropy; in [0, 1) (1 would ignore the reference)", minimum=0, below=1
+    )
 
 
 class _SmoothedNLL(torch.autograd.Function):

@@ -18,14 +18,14 @@ REGISTRY = Registry("schedule")
 class WarmupConfig(PartConfig):
     """Keys of a schedule with linear warmup (``optim.schedule``)."""
 
-    warmup: int = option(4000, "warmup steps; the schedule peaks at this step")
+    warmup: int = option(4000, "warmup steps; the schedule peaks at this step", minimum=0)
 
 
 @dataclass
 class LinearDecayConfig(WarmupConfig):
     """Warmup keys plus the factor reached at the last step."""
 
-    min_factor: float = option(0.0, "factor reached at `train.max_steps`")
+    min_factor: float = option(0.0, "factor reached at `train.max_steps`; at least 0", minimum=0)
 
 
 class Schedule:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 from onmt_doc.evaluation.contrastive import CONTEXT_SEP
+from onmt_doc.outputs import output_file, write_text
 from onmt_doc.toy.corpus import PRONOUN_FORMS, ToySentence, generate_documents
 
 TSV_HEADER = [
@@ -63,9 +64,9 @@ def write_toy_suite(out_dir: str | Path, seed: int = 1, test_docs: int = 145) ->
     returns the number of items."""
     out = Path(out_dir)
     items = list(toy_items(generate_documents(test_docs, seed=seed, split="test")))
-    with open(out / "test.contrastive.json", "w", encoding="utf-8", newline="\n") as f:
-        f.write("[\n" + ",\n".join(json.dumps(item, ensure_ascii=False) for item in items) + "\n]\n")
-    with open(out / "test.contrastive.tsv", "w", encoding="utf-8", newline="\n") as f:
+    json_text = "[\n" + ",\n".join(json.dumps(item, ensure_ascii=False) for item in items) + "\n]\n"
+    write_text(out / "test.contrastive.json", json_text, flag="")
+    with output_file(out / "test.contrastive.tsv", flag="") as f:
         f.write("#" + "\t".join(TSV_HEADER) + "\n")
         for it in items:
             row = [

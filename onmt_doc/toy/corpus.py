@@ -39,6 +39,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from onmt_doc.outputs import write_text
+
 __all__ = [
     "Noun",
     "ToySentence",
@@ -307,8 +309,7 @@ def generate_documents(n_docs: int, seed: int = 1, split: str = "train") -> list
 
 def _write_lines(path: Path, lines: list[str]) -> None:
     """Write lines with '\\n' endings; an empty list gives an empty file."""
-    text = "".join(line + "\n" for line in lines)
-    path.write_text(text, encoding="utf-8", newline="\n")
+    write_text(path, "".join(line + "\n" for line in lines), flag="")
 
 
 def write_corpus(

@@ -130,8 +130,9 @@ def translator_options(
     base: TranslateConfig, names: Optional[Mapping[str, str]] = None, **overrides: Any
 ) -> TranslateConfig:
     """``base`` (a checkpoint's translate section) with ``overrides`` (None = keep), checked by the
-    config loader like a YAML ``translate:`` section (types, minimums, ``n_best <= beam``), so the
-    API, the commands and the server refuse the same values with the same one-line messages.
+    config loader like a YAML ``translate:`` section (types, NaN, every key's bounds such as the beam
+    cap, ``n_best <= beam``), so the API, the commands and the server refuse the same values with the
+    same one-line messages.
     ``names`` says how a message names an option (the command line: ``batch_sentences`` is
     ``-batch_size``); an unknown option is a ConfigError with the closest name."""
     known = [f.name for f in fields(TranslateConfig)]
@@ -144,12 +145,9 @@ def translator_options(
         return (names or {}).get(key, key)
 
     try:
-        opts = config_from_dict({"translate": merged}, "translate options").translate
+        return config_from_dict({"translate": merged}, "translate options").translate
     except ConfigError as e:
         raise ConfigError(re.sub(r"\btranslate\.(\w+)", lambda m: name(m.group(1)), str(e))) from None
-    if opts.max_len_ratio <= 0:
-        raise ConfigError(f"translate options: {name('max_len_ratio')} must be positive, got {opts.max_len_ratio}")
-    return opts
 
 
 def check_documents(documents: Documents, what: str = "documents") -> None:
@@ -170,6 +168,20 @@ def check_documents(documents: Documents, what: str = "documents") -> None:
                 raise UserError(f"{what}[{d}][{i}]: empty sentence (a document is a list of non-blank sentences)")
             if len(sent.splitlines()) != 1:
                 raise UserError(f"{what}[{d}][{i}]: holds a line break; a sentence is one line")
+            surrogate = _SURROGATE.search(sent)
+            if surrogate:
+                raise UserError(
+                    f"{what}[{d}][{i}]: column {surrogate.start() + 1} holds a lone surrogate "
+                    f"U+{ord(surrogate.group()):04X}, not text (decode input as strict UTF-8)"
+                )
+
+
+# UTF-16 halves, which a str may hold (json.loads("\\ud800"), surrogateescape) but no tokenizer takes
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _as_list(value: object) -> list:
+    return [value] if isinstance(value, (str, os.PathLike)) or not isinstance(value, (list, tuple)) else list(value)
 
 
 class Translator:
@@ -207,6 +219,8 @@ class Translator:
         from onmt_doc.models.checkpoint import load_model
         from onmt_doc.train.distributed import pick_device
 
+        if not checkpoint or not all(isinstance(p, (str, os.PathLike)) for p in _as_list(checkpoint)):
+            raise UserError(f"Translator.load: expected a checkpoint path or a list of paths, got {checkpoint!r:.80}")
         known = [f.name for f in fields(TranslateConfig)]
         for key in options:  # before the (slow) load
             if key not in known:
