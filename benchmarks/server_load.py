@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""onmt_doc_server under load: requests/s and p50/p95 latency at 1, 4 and 16 concurrent clients.
+"""onmt_doc_server under load: requests/s and p50/p95 latency at 1, 4 and 16 concurrent clients,
+and how long small requests wait behind one large request.
 
 Starts the real server (``onmt_doc_server -port 0`` on 127.0.0.1 only) on a given checkpoint or on
 a tiny Transformer trained here on the toy corpus, then, for each concurrency, clients send
@@ -7,6 +8,13 @@ a tiny Transformer trained here on the toy corpus, then, for each concurrency, c
 ``--requests`` answers or ``--seconds`` have passed (whichever first; both bounded). The server's
 ``/health`` counters give the mean number of requests its worker translated together. Every
 answer must be a 200 with one translation per sentence.
+
+``--large CHARS`` (default 100000, the server's default ``-max_request_chars``, i.e. the largest
+request it accepts; 0: skip) then measures the stall: one request of long sentences (toy sentences
+joined to about 1500 characters) of CHARS characters in all and, while it runs, one client sending
+one-document requests back to back. The server cuts the large request into slices of
+``-batch_tokens`` words and interleaves the small requests' slices with them, so each small request
+waits for about one slice, not for the whole large request.
 
     OMP_NUM_THREADS=1 python benchmarks/server_load.py --out runs/bench_server --requests 600 --seconds 30 \
         --batch_wait_ms 10 0 --unbatched
@@ -209,6 +217,79 @@ def load(port: int, docs: list[list[str]], clients: int, requests: int, seconds:
     }
 
 
+def long_sentences(docs: list[list[str]], chars: int, length: int = 1500) -> list[str]:
+    """Toy sentences joined into lines of about ``length`` characters, ``chars`` characters in all."""
+    sentences = [s for d in docs for s in d]
+    lines: list[str] = []
+    i = 0
+    while sum(len(line) for line in lines) < chars - length:
+        line = ""
+        while len(line) < length:
+            line += sentences[i % len(sentences)] + " "
+            i += 1
+        lines.append(line.strip())
+    return lines
+
+
+def stall(port: int, docs: list[list[str]], chars: int) -> dict:
+    """One request of long sentences, ``chars`` characters in all (documents of 6 sentences), and,
+    while it runs, one client sending one-document requests back to back: their latencies are the
+    wait behind the large request."""
+    flat = long_sentences(docs, chars)
+    large = [flat[i : i + 6] for i in range(0, len(flat), 6)]
+    done = threading.Event()
+    outcome: dict = {}
+
+    def send_large() -> None:
+        t0 = time.monotonic()
+        status, body = call(port, "POST", "/translate", json.dumps({"documents": large}).encode("utf-8"))
+        outcome.update(ok=status == 200 and len(body.get("translations", [])) == len(large))
+        outcome.update(status=status, seconds=time.monotonic() - t0)
+        done.set()
+
+    thread = threading.Thread(target=send_large)
+    thread.start()
+    latencies: list[float] = []
+    k = 0
+    while not done.is_set():
+        doc = docs[k % len(docs)]
+        k += 1
+        t0 = time.monotonic()
+        status, body = call(port, "POST", "/translate", json.dumps({"document": doc}).encode("utf-8"))
+        if status == 200 and len(body.get("translation", [])) == len(doc):
+            latencies.append(time.monotonic() - t0)
+    thread.join()
+    return {
+        "large_sentences": len(flat),
+        "large_chars": sum(len(line) for line in flat),
+        "large_status": outcome["status"],
+        "large_seconds": outcome["seconds"],
+        "errors": 0 if outcome["ok"] else 1,
+        "small_requests": len(latencies),
+        "small_p50_ms": 1000 * statistics.median(latencies) if latencies else float("nan"),
+        "small_max_ms": 1000 * max(latencies) if latencies else float("nan"),
+    }
+
+
+def render_stalls(results: dict) -> str:
+    """A sentence per server run: the small requests answered while the large one ran, and their waits."""
+    lines = [
+        f"Batching {s['batching']}: while one request of {s['large_sentences']} sentences "
+        f"({s['large_chars']} characters) took "
+        f"{s['large_seconds']:.1f} s, a client sending one-document requests back to back got "
+        f"{s['small_requests']} answers (median {s['small_p50_ms']:.0f} ms, longest {s['small_max_ms']:.0f} ms)."
+        for s in results.get("stalls", [])
+    ]
+    if not lines:
+        return ""
+    intro = (
+        "A large request no longer holds the worker (`--large`): the server cuts it into slices of `-batch_tokens` "
+        "words and interleaves the slices of other requests with them, round-robin, so a small request waits for "
+        "about one slice. "
+    )
+    return "\n\n" + textwrap.fill(intro + " ".join(lines), 100, break_on_hyphens=False)
+
+
 def headline(results: dict) -> str:
     """The batched server at the most clients against the unbatched one (when both were run)."""
     runs = results["runs"]
@@ -275,7 +356,7 @@ def render(results: dict) -> str:
 |---|{"---:|" * (len(COLUMNS) - 1)}
 {rows}
 
-{textwrap.fill(after, 100, break_on_hyphens=False)}
+{textwrap.fill(after, 100, break_on_hyphens=False)}{render_stalls(results)}
 """
 
 
@@ -306,6 +387,9 @@ def main() -> None:
     p.add_argument("--batch_tokens", type=int, default=2048)
     p.add_argument("--batch_wait_ms", type=float, nargs="+", default=[10.0], help="one server run per value")
     p.add_argument("--unbatched", action="store_true", help="also measure a server that translates every request alone")
+    p.add_argument(
+        "--large", type=int, default=100_000, help="characters of the large request of the stall test (0: skip)"
+    )
     p.add_argument("--no-docs", action="store_true", help="do not update docs/benchmarks.md")
     p.add_argument("--render", action="store_true", help="only re-render <out>/results.json (no measurement)")
     args = p.parse_args()
@@ -330,7 +414,7 @@ def main() -> None:
     configs += [("off", 1, 0.0)] if args.unbatched else []
     monitor = CpuMonitor()
     monitor.start()
-    runs = []
+    runs, stalls = [], []
     try:
         for n, (batching, batch_tokens, wait_ms) in enumerate(configs):  # -batch_tokens 1: each request alone
             log_path = os.path.join(out, f"server_{n}.log")
@@ -349,6 +433,16 @@ def main() -> None:
                         f"{r['first_error']}"
                     )
                     runs.append(r)
+                if args.large:
+                    s = stall(port, docs, args.large)
+                    s["batching"] = batching
+                    log(
+                        f"batching {batching}: a request of {s['large_chars']} characters took "
+                        f"{s['large_seconds']:.1f} s "
+                        f"(status {s['large_status']}); meanwhile {s['small_requests']} small requests, "
+                        f"p50 {s['small_p50_ms']:.0f} ms, longest {s['small_max_ms']:.0f} ms"
+                    )
+                    stalls.append(s)
             finally:
                 proc.terminate()
                 proc.wait(60)
@@ -360,6 +454,7 @@ def main() -> None:
 
     results = {
         "runs": runs,
+        "stalls": stalls,
         "model": model,
         "avg_sentences": statistics.mean(len(d) for d in docs),
         "max_requests": args.requests,
@@ -380,7 +475,7 @@ def main() -> None:
 def publish(args, out: str, results: dict) -> None:
     """results.json/.md under ``out`` and, unless --no-docs, the docs/benchmarks.md section."""
     write_results(out, results, render)
-    if any(r["errors"] for r in results["runs"]):
+    if any(r["errors"] for r in results["runs"] + results.get("stalls", [])):
         sys.exit("some requests failed; docs not updated")
     if not args.no_docs:
         insert_section(DOCS, HEADING)

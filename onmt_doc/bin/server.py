@@ -3,29 +3,38 @@
 Serves translation as JSON over HTTP (Flask app, waitress server; docs/deploy.md): ``GET /health``,
 ``GET /models``, ``POST /translate`` with ``{"model": NAME, "documents": [[sentence, ...], ...]}``.
 The first -model is the default; ``NAME=CKPT`` names a model (an unnamed one is ``default``).
-Concurrent requests for one model are translated together by its worker thread, up to
--batch_tokens source words, waiting at most -batch_wait_ms for more. SIGTERM or SIGINT stops
-accepting connections, finishes the requests in progress and exits with status 0.
+Each model's worker thread cuts requests into slices of at most -batch_tokens source words and
+translates the slices of concurrent requests together, round-robin, so a large request cannot
+hold the worker; it waits at most -batch_wait_ms for more requests. A request over
+-max_request_chars characters is refused (413); one whose client disconnects is dropped.
+With an API key (-api_key_file, or the environment variable ONMT_DOC_API_KEY) every endpoint but
+/health needs ``Authorization: Bearer KEY``; a -host other than loopback prints a warning.
+SIGTERM or SIGINT answers new requests 503, lets the requests in progress finish (those still
+running after -shutdown_grace seconds get 503) and exits with status 0.
 Needs the ``server`` extra: ``pip install -e .[server]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import re
 import signal
+import socket
 import sys
 import threading
 import time
 from types import FrameType
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from onmt_doc.bin.common import ArgumentParser, run
 from onmt_doc.errors import UserError
 
 PROG = "onmt_doc_server"
 NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+API_KEY_ENV = "ONMT_DOC_API_KEY"
+API_KEY = re.compile(r"^[!-~]+$")  # printable ASCII, no spaces: what an HTTP header carries as is
 # flag -> translate option it overrides (None: keep the checkpoint's)
 OPTION_FLAGS = {
     "beam": "beam",
@@ -48,7 +57,32 @@ def _parser() -> ArgumentParser:
     p.add_argument("-max_sentences", "--max_sentences", type=int, default=1000, help="per request; 413 above")
     p.add_argument("-max_sentence_chars", "--max_sentence_chars", type=int, default=2000, help="413 above")
     p.add_argument(
-        "-batch_tokens", "--batch_tokens", type=int, default=2048, help="source words per worker batch of requests"
+        "-max_request_chars",
+        "--max_request_chars",
+        type=int,
+        default=100_000,
+        help="source characters per request (the work one request may ask for); 413 above",
+    )
+    p.add_argument(
+        "-api_key_file",
+        "--api_key_file",
+        help=f"file holding the API key every endpoint but /health then needs (else ${API_KEY_ENV}, if set)",
+    )
+    # refused with a reason (and so no prefix of -api_key_file, which would read the key as a path)
+    p.add_argument("-api_key", "--api_key", help=argparse.SUPPRESS)
+    p.add_argument(
+        "-shutdown_grace",
+        "--shutdown_grace",
+        type=float,
+        default=30.0,
+        help="seconds the requests in progress get to finish after SIGTERM/SIGINT (then 503)",
+    )
+    p.add_argument(
+        "-batch_tokens",
+        "--batch_tokens",
+        type=int,
+        default=2048,
+        help="source words per worker batch; requests are cut into slices of this size",
     )
     p.add_argument(
         "-batch_wait_ms", "--batch_wait_ms", type=float, default=10.0, help="longest wait for more requests to batch"
@@ -79,41 +113,114 @@ def model_specs(values: list[str]) -> list[tuple[str, str]]:
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
-    for flag in ("max_request_bytes", "max_sentences", "max_sentence_chars", "batch_tokens", "http_threads"):
+    counts = ("max_request_bytes", "max_sentences", "max_sentence_chars", "max_request_chars", "batch_tokens")
+    for flag in (*counts, "http_threads"):
         if getattr(args, flag) < 1:
             raise UserError(f"-{flag} must be at least 1 (got {getattr(args, flag)})")
-    if args.batch_wait_ms < 0:
-        raise UserError(f"-batch_wait_ms must be 0 or more (got {args.batch_wait_ms})")
+    for flag in ("batch_wait_ms", "shutdown_grace"):
+        if not 0 <= getattr(args, flag) < float("inf"):  # NaN and inf too
+            raise UserError(f"-{flag} must be a number, 0 or more (got {getattr(args, flag)})")
     if not 0 <= args.port <= 65535:
         raise UserError(f"-port must be from 0 to 65535 (got {args.port})")
+
+
+def check_host(host: str) -> bool:
+    """Resolve -host before anything slow, so a bad one is a one-line error rather than waitress's
+    traceback; True when every address it names is loopback (only this machine can connect)."""
+    if not host.strip():
+        raise UserError("-host is empty; give an address to listen on, e.g. 127.0.0.1 or 0.0.0.0")
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError, ValueError) as e:  # unresolvable; a label over 63 characters; a NUL
+        reason = getattr(e, "strerror", None) or str(e)
+        raise UserError(f"-host {host!r}: not an address to listen on ({reason})") from None
+    return all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
+
+
+def read_api_key(path: Optional[str], on_command_line: Optional[str] = None) -> Optional[str]:
+    """The API key: what -api_key_file holds (one line), else $ONMT_DOC_API_KEY, else None (no key).
+    A key that is set but unusable (empty, spaces, not ASCII) is a mistake, never "no key". A key
+    given on the command line (-api_key) is refused, without repeating it: every user of the
+    machine can read a command line (ps, /proc)."""
+    if on_command_line is not None:
+        raise UserError(
+            f"-api_key: a key on the command line is visible to every user of this machine (ps); "
+            f"put it in a file (-api_key_file F) or in the environment variable {API_KEY_ENV}"
+        )
+    if path is not None:
+        where = f"-api_key_file {path}"
+        try:
+            with open(path, encoding="utf-8") as f:
+                key = f.read().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"{where}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+    elif API_KEY_ENV in os.environ:
+        where, key = f"${API_KEY_ENV}", os.environ[API_KEY_ENV].strip()
+    else:
+        return None
+    if not API_KEY.match(key):
+        raise UserError(
+            f"{where}: the API key must be one word of printable ASCII characters (got {len(key)} characters)"
+        )
+    return key
+
+
+def exposure_warning(host: str, loopback: bool, api_key: Optional[str]) -> Optional[str]:
+    """The line printed when other machines can reach the server: it is then a decision, not a default."""
+    if loopback:
+        return None
+    key = "API key required" if api_key else f"no API key: set -api_key_file or ${API_KEY_ENV}"
+    return (
+        f"{PROG}: warning: -host {host} is not loopback: other machines can reach this server ({key}); "
+        "put a TLS reverse proxy in front (docs/deploy.md)"
+    )
 
 
 def _socket_map(server: Any) -> dict:
     return getattr(server, "map", None) or getattr(server, "_map", {})
 
 
-def _drain(server: Any, state: Any, timeout: float = 30.0) -> None:
-    """Stop accepting, let requests in progress finish and their answers leave."""
+def _wait(condition: Callable[[], bool], timeout: float) -> bool:
+    """Poll ``condition()`` until true or ``timeout`` seconds; whether it came true."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _shutdown(server: Any, state: Any, grace: float) -> None:
+    """Stop in order: new requests get 503 (the server still accepts, so they are answered, not
+    reset); the requests in progress get ``grace`` seconds; what is left is cancelled at the
+    worker's next call (answered 503); then stop accepting and let the answers leave."""
     from waitress.server import BaseWSGIServer
 
     state.draining = True
+    if not _wait(lambda: not state.in_flight, grace):
+        for model in state.models.values():
+            model.batcher.cancel_all(
+                f"the server stopped before this request was translated (-shutdown_grace {grace:g})"
+            )
+        _wait(lambda: not state.in_flight, 60.0)  # the call running when the grace ended finishes first
     for listener in list(_socket_map(server).values()):
         if isinstance(listener, BaseWSGIServer):
             listener.accepting = False
-    deadline = time.monotonic() + timeout
-    while state.in_flight and time.monotonic() < deadline:
-        time.sleep(0.05)
     time.sleep(0.1)  # from the handler's return to the response in the channel's buffer
-    while time.monotonic() < deadline and any(
-        getattr(ch, "total_outbufs_len", 0) for ch in list(_socket_map(server).values())
-    ):
-        time.sleep(0.05)
+    _wait(lambda: not any(getattr(ch, "total_outbufs_len", 0) for ch in list(_socket_map(server).values())), 10.0)
 
 
 def _main(argv: Optional[list[str]]) -> int:
     args = _parser().parse_args(argv)
     _check_numbers(args)
     specs = model_specs(args.model)
+    api_key = read_api_key(args.api_key_file, args.api_key)
+    warning = exposure_warning(args.host, check_host(args.host), api_key)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    for _, path in specs:  # before the port is taken and torch imported: a typo fails at once
+        if not os.path.isfile(path):
+            raise UserError(f"{path}: checkpoint not found")
     try:
         import waitress  # noqa: F401
         from flask import Flask  # noqa: F401
@@ -129,8 +236,8 @@ def _main(argv: Optional[list[str]]) -> int:
     setup_logging()
     if args.threads:
         torch.set_num_threads(args.threads)
-    limits = Limits(args.max_request_bytes, args.max_sentences, args.max_sentence_chars)
-    state = ServerState({}, specs[0][0], limits)
+    limits = Limits(args.max_request_bytes, args.max_sentences, args.max_sentence_chars, args.max_request_chars)
+    state = ServerState({}, specs[0][0], limits, api_key)
     app = create_app(state)
     server = _listen(app, args)  # before the (slow) loading: a taken port fails at once
     try:
@@ -163,20 +270,28 @@ def _main(argv: Optional[list[str]]) -> int:
     while not stop.wait(0.5):
         if not loop.is_alive():
             raise UserError("the HTTP server stopped unexpectedly")
-    _drain(server, state)
+    print(f"{PROG}: stopping ({received[0]}): new requests get 503", file=sys.stderr, flush=True)
+    _shutdown(server, state, args.shutdown_grace)
     for model in state.models.values():
         model.batcher.stop(timeout=30)
     server.task_dispatcher.shutdown(timeout=2)
-    served = sum(m.batcher.stats.requests for m in state.models.values())
-    batches = sum(m.batcher.stats.batches for m in state.models.values())
-    print(f"{PROG}: stopped ({received[0]}); {served} requests in {batches} batches", file=sys.stderr, flush=True)
+    stats = [m.batcher.stats for m in state.models.values()]
+    served, batches = sum(s.requests for s in stats), sum(s.batches for s in stats)
+    cancelled = sum(s.cancelled for s in stats)
+    print(
+        f"{PROG}: stopped ({received[0]}); {served} requests in {batches} batches, {cancelled} cancelled",
+        file=sys.stderr,
+        flush=True,
+    )
     return 0
 
 
 def _listen(app: Any, args: argparse.Namespace) -> Any:
     """Bind the waitress server (not yet serving); a taken port or a bad host is a one-line error.
     Waitress refuses bodies far over the limit itself (it would buffer them otherwise); those
-    just over it reach Flask, which answers 413 in JSON."""
+    just over it reach Flask, which answers 413 in JSON. ``channel_request_lookahead`` keeps
+    waitress reading a connection while its request runs, which is how it notices (and tells the
+    app, ``waitress.client_disconnected``) that the client has gone."""
     from waitress import create_server
 
     body_cap = max(2 * args.max_request_bytes, args.max_request_bytes + 65536)
@@ -187,10 +302,13 @@ def _listen(app: Any, args: argparse.Namespace) -> Any:
             port=args.port,
             threads=args.http_threads,
             max_request_body_size=body_cap,
+            channel_request_lookahead=1,
             ident=PROG,
         )
     except OSError as e:
         raise UserError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+    except ValueError as e:  # waitress: "Invalid host/port specified." (check_host catches it first)
+        raise UserError(f"cannot listen on {args.host}:{args.port}: {e}") from None
 
 
 def _address(server: Any, args: argparse.Namespace) -> tuple[str, int]:

@@ -3,41 +3,54 @@
 Endpoints (JSON in, JSON out; docs/deploy.md has curl examples):
 
 - ``GET /health``: ``{"status": "ok", "models": [...], "in_flight": n, "requests": N, "batches": M,
-  "max_batch_requests": K}`` (requests being translated; served so far; translator calls; the most
-  requests one call translated together).
-- ``GET /models``: per model its name, checkpoint, unit, encoder/decoder types, vocabulary sizes,
-  translate options; the default model and the request limits.
+  "max_batch_requests": K, "cancelled": C}`` (requests being translated; served so far; translator
+  calls; the most requests one call translated together; requests dropped because their client
+  disconnected or the server stopped). Never needs the API key; 503 with ``"status": "stopping"``
+  once shutdown has begun, so a load balancer stops sending.
+- ``GET /models``: per model its name, checkpoint file name (never its directory), unit,
+  encoder/decoder types, vocabulary sizes, translate options; the default model and the request limits.
 - ``POST /translate``: ``{"model": NAME (optional), "documents": [[sentence, ...], ...]}`` →
   ``{"model": NAME, "translations": [[...], ...]}``; ``{"document": [...]}`` (one document) →
   ``{"translation": [...]}``. ``"scores": true`` adds each best hypothesis' score;
   ``"n_best": k`` (at most the server's ``-n_best``) adds ``k`` ``{"text", "score"}`` per sentence.
 
-Errors are ``{"error": "one line"}``: 400 malformed JSON or shape, or a bad option value; 404
-unknown model or path; 405 wrong method; 413 for every size limit (body over ``max_request_bytes``,
-more than ``max_sentences`` sentences, a sentence over ``max_sentence_chars`` characters); 503 while
-the server stops; 500 for a bug (logged with its traceback).
+With an API key (``ServerState.api_key``), every endpoint but ``/health`` needs
+``Authorization: Bearer KEY`` (compared in constant time); 401 otherwise.
+
+Errors are ``{"error": "one line"}``: 400 malformed JSON (nested too deeply included) or shape, or a
+bad option value; 401 a missing or wrong API key; 404 unknown model or path; 405 wrong method; 413
+for every size limit (body over ``max_request_bytes``, more than ``max_sentences`` sentences, a
+sentence over ``max_sentence_chars`` characters, more than ``max_request_chars`` characters in all);
+503 once the server is stopping; 500 for a bug (logged with its traceback).
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import math
+import os
+import reprlib
 import threading
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
 from onmt_doc.errors import UserError
 from onmt_doc.registry import closest
-from onmt_doc.serve.batcher import Batcher, NBest
+from onmt_doc.serve.batcher import Batcher, Cancelled, NBest
 from onmt_doc.translate.translator import Translator, check_documents
 
 log = logging.getLogger("onmt_doc")
 
 REQUEST_KEYS = ("model", "documents", "document", "n_best", "scores")
+STOPPING = "the server is stopping; retry on another instance or after it restarts"
+_SHOWN = reprlib.Repr()  # a client's value in an error message: short, one line, whatever it sent
+_SHOWN.maxstring = _SHOWN.maxother = 60
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict = 2, 4, 4
 
 
 @dataclass
@@ -47,6 +60,7 @@ class Limits:
     max_request_bytes: int = 1_000_000
     max_sentences: int = 1000
     max_sentence_chars: int = 2000
+    max_request_chars: int = 100_000  # the work one request may ask for: source characters in all
 
 
 @dataclass
@@ -59,12 +73,13 @@ class ServedModel:
     batcher: Batcher
 
     def info(self) -> dict:
-        """What GET /models tells a client about this model: enough to pick one and to know its limits."""
+        """What GET /models tells a client about this model: enough to pick one and to know its limits;
+        the checkpoint by its file name only (an absolute path tells an attacker about the machine)."""
         t = self.translator
         model = t.cfg.model
         return {
             "name": self.name,
-            "checkpoint": self.checkpoint,
+            "checkpoint": os.path.basename(self.checkpoint),
             "unit": t.model.unit,
             "encoder": model.encoder.type,
             "decoder": model.decoder.type,
@@ -77,15 +92,21 @@ class ServedModel:
 
 
 class ApiError(Exception):
-    """A refused request: HTTP status and a one-line message."""
+    """A refused request: HTTP status, a one-line message and any headers the status calls for."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, headers: Optional[dict[str, str]] = None):
         super().__init__(message)
-        self.status = status
+        self.status, self.headers = status, headers or {}
 
 
 def _json(body: dict, status: int = 200) -> Response:
     return Response(json.dumps(body, ensure_ascii=False), status=status, mimetype="application/json")
+
+
+def _shown(value: Any) -> str:
+    """A client's value quoted in an error: repr (so one line), cut short (so a 1 MB key or a list
+    nested 60 deep does not come back whole)."""
+    return _SHOWN.repr(value)
 
 
 def _number(x: float) -> Optional[float]:
@@ -94,10 +115,13 @@ def _number(x: float) -> Optional[float]:
 
 
 class ServerState:
-    """What the handlers share: the models, the limits, and whether the server is stopping."""
+    """What the handlers share: the models, the limits, the API key (None: no key needed) and
+    whether the server is stopping."""
 
-    def __init__(self, models: dict[str, ServedModel], default: str, limits: Limits):
-        self.models, self.default, self.limits = models, default, limits
+    def __init__(
+        self, models: dict[str, ServedModel], default: str, limits: Limits, api_key: Optional[str] = None
+    ) -> None:
+        self.models, self.default, self.limits, self.api_key = models, default, limits, api_key
         self.draining = False
         self.in_flight = 0
         self._lock = threading.Lock()
@@ -106,7 +130,7 @@ class ServerState:
         """Count a request in (refused once draining), so shutdown can wait for it."""
         with self._lock:
             if self.draining:
-                raise ApiError(503, "the server is stopping")
+                raise ApiError(503, STOPPING)
             self.in_flight += 1
 
     def leave(self) -> None:
@@ -118,20 +142,17 @@ class ServerState:
 def parse_request(body: bytes, state: ServerState) -> tuple[ServedModel, list[list[str]], bool, int, bool]:
     """A /translate body checked against shape and limits: (model, documents, one document given,
     n_best fields asked (0 = none), scores asked)."""
-    try:
-        data = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ApiError(400, f"malformed JSON: {e}") from None
+    data = _load_json(body)
     if not isinstance(data, dict):
         raise ApiError(400, f"expected a JSON object with 'documents' or 'document', got {type(data).__name__}")
     for key in data:
         if key not in REQUEST_KEYS:
-            raise ApiError(400, f"unknown key '{key}'{closest(key, list(REQUEST_KEYS))}")
+            raise ApiError(400, f"unknown key {_shown(key)}{_closest(key, REQUEST_KEYS)}")
     name = data.get("model", state.default)
     if not isinstance(name, str):
         raise ApiError(400, f"'model' must be a string, got {type(name).__name__}")
     if name not in state.models:
-        raise ApiError(404, f"unknown model '{name}'{closest(name, list(state.models))}; see GET /models")
+        raise ApiError(404, f"unknown model {_shown(name)}{_closest(name, state.models)}; see GET /models")
     model = state.models[name]
     if ("documents" in data) == ("document" in data):
         raise ApiError(400, "give either 'documents' (a list of documents) or 'document' (a list of sentences)")
@@ -141,10 +162,43 @@ def parse_request(body: bytes, state: ServerState) -> tuple[ServedModel, list[li
         check_documents(documents, "document" if single else "documents")
     except UserError as e:
         raise ApiError(400, str(e).replace("document[0]", "document")) from None
-    limits = state.limits
+    _check_limits(documents, single, state.limits)
+    n_best = data.get("n_best", 0)
+    most = model.translator.opt.n_best
+    if isinstance(n_best, bool) or not isinstance(n_best, int) or not 0 <= n_best <= most:
+        raise ApiError(
+            400, f"'n_best' must be an integer from 1 to {most} (the server's -n_best), got {_shown(n_best)}"
+        )
+    scores = data.get("scores", False)
+    if not isinstance(scores, bool):
+        raise ApiError(400, f"'scores' must be true or false, got {_shown(scores)}")
+    return model, documents, single, n_best, scores
+
+
+def _load_json(body: bytes) -> Any:
+    """The body as JSON; anything else (nesting too deep for the parser included) is a 400."""
+    try:
+        return json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ApiError(400, f"malformed JSON: {e}") from None
+    except RecursionError:
+        raise ApiError(
+            400, "JSON nested too deeply: a request is an object whose 'documents' is a list of lists of strings"
+        ) from None
+
+
+def _closest(name: str, candidates: Any) -> str:
+    """closest()'s suggestion, skipped for names far longer than any candidate (a cheap bound)."""
+    return closest(name, list(candidates)) if len(name) <= 100 else ""
+
+
+def _check_limits(documents: list[list[str]], single: bool, limits: Limits) -> None:
+    """413 for a request over a size limit, naming the limit and its flag, before any translation."""
     n_sentences = sum(len(d) for d in documents)
     if n_sentences > limits.max_sentences:
-        raise ApiError(413, f"{n_sentences} sentences in one request; the limit is {limits.max_sentences}")
+        raise ApiError(
+            413, f"{n_sentences} sentences in one request; the limit is {limits.max_sentences} (-max_sentences)"
+        )
     for d, doc in enumerate(documents):
         for i, sentence in enumerate(doc):
             if len(sentence) > limits.max_sentence_chars:
@@ -152,14 +206,30 @@ def parse_request(body: bytes, state: ServerState) -> tuple[ServedModel, list[li
                 raise ApiError(
                     413, f"{where}: {len(sentence)} characters; the limit is {limits.max_sentence_chars} per sentence"
                 )
-    n_best = data.get("n_best", 0)
-    most = model.translator.opt.n_best
-    if isinstance(n_best, bool) or not isinstance(n_best, int) or not 0 <= n_best <= most:
-        raise ApiError(400, f"'n_best' must be an integer from 1 to {most} (the server's -n_best), got {n_best!r}")
-    scores = data.get("scores", False)
-    if not isinstance(scores, bool):
-        raise ApiError(400, f"'scores' must be true or false, got {scores!r}")
-    return model, documents, single, n_best, scores
+    n_chars = sum(len(sentence) for doc in documents for sentence in doc)
+    if n_chars > limits.max_request_chars:
+        raise ApiError(
+            413,
+            f"{n_chars} characters of source text in one request; the limit is {limits.max_request_chars} "
+            f"(-max_request_chars): split it into several requests",
+        )
+
+
+def check_api_key(header: Optional[str], key: str) -> None:
+    """401 unless ``header`` is ``Bearer <key>``; the comparison takes the same time wherever the
+    given key differs (hmac.compare_digest), so timing reveals nothing of the key."""
+    challenge = {"WWW-Authenticate": 'Bearer realm="onmt_doc"'}
+    scheme, _, given = (header or "").strip().partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
+        raise ApiError(401, "this server needs an API key: send the header 'Authorization: Bearer <key>'", challenge)
+    if not hmac.compare_digest(given.strip().encode("utf-8"), key.encode("utf-8")):
+        raise ApiError(401, "wrong API key", challenge)
+
+
+def client_gone(environ: dict) -> Callable[[], bool]:
+    """Whether the request's client has disconnected: waitress tells it (``waitress.client_disconnected``,
+    with ``channel_request_lookahead`` > 0, as onmt_doc_server sets); other servers: never."""
+    return environ.get("waitress.client_disconnected") or (lambda: False)
 
 
 def response_body(name: str, out: NBest, single: bool, n_best: int, scores: bool) -> dict:
@@ -185,7 +255,9 @@ def create_app(state: ServerState) -> Flask:
 
     @app.errorhandler(ApiError)
     def api_error(e: ApiError) -> Response:
-        return _json({"error": str(e)}, e.status)
+        response = _json({"error": str(e)}, e.status)
+        response.headers.update(e.headers)
+        return response
 
     @app.errorhandler(HTTPException)
     def http_error(e: HTTPException) -> Response:
@@ -199,6 +271,18 @@ def create_app(state: ServerState) -> Flask:
         log.exception("request failed")
         return _json({"error": f"internal error: {type(e).__name__}: {e}"}, 500)
 
+    @app.before_request
+    def gate() -> Optional[Response]:
+        """Every path but /health (unknown ones too, so they reveal nothing) needs the key; once the
+        server is stopping, new requests get 503 at once instead of a reset connection later."""
+        if request.path == "/health":
+            return None
+        if state.api_key is not None:
+            check_api_key(request.headers.get("Authorization"), state.api_key)
+        if state.draining:
+            raise ApiError(503, STOPPING)
+        return None
+
     @app.get("/health")
     def health() -> Response:
         stats = [m.batcher.stats for m in state.models.values()]
@@ -210,7 +294,9 @@ def create_app(state: ServerState) -> Flask:
                 "requests": sum(s.requests for s in stats),
                 "batches": sum(s.batches for s in stats),
                 "max_batch_requests": max((s.max_batch_requests for s in stats), default=0),
-            }
+                "cancelled": sum(s.cancelled for s in stats),
+            },
+            503 if state.draining else 200,
         )
 
     @app.get("/models")
@@ -229,12 +315,14 @@ def create_app(state: ServerState) -> Flask:
         model, documents, single, n_best, scores = parse_request(body, state)
         state.enter()
         try:
-            out = model.batcher.translate(documents)
+            out = model.batcher.translate(documents, client_gone(request.environ))
+        except Cancelled as e:
+            raise ApiError(503, f"cancelled: {e}") from None
         except UserError as e:
             raise ApiError(400, str(e)) from None
         except RuntimeError as e:
             if model.batcher.stopping:
-                raise ApiError(503, "the server is stopping") from None
+                raise ApiError(503, STOPPING) from None
             raise e
         finally:
             state.leave()
