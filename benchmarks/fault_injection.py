@@ -13,7 +13,12 @@ is at the instant a ``*.tmp<pid>`` file (a checkpoint being written) appears in 
 (half of them), at a uniformly random moment of the training phase (four in ten), or of the
 process's whole life, start-up included (one in ten). After every kill:
 
-* ``last.pt`` must load (``torch.load(weights_only=True)``): counted as unreadable otherwise;
+* ``last.pt`` must load (``load_checkpoint``: its CRC-32s checked, then ``torch.load(weights_only=True)``):
+  counted as unreadable otherwise;
+* every ``step_N.pt`` and ``best.pt`` must load the same way, and every ``step_N.pt`` equal the
+  reference's of the same step;
+* a start that finds no ``last.pt`` (a kill between the first ``step_N.pt`` and its copy) must resume
+  from the ``step_N.pt`` (counted), not start again at step 0;
 * ``last.pt`` must equal the reference's ``step_N.pt`` of the same step (weights, optimizer
   state, data position, RNG): a resume that deviated shows up at the next kill;
 * orphans (``*.tmp*`` files, and ``step_N.pt`` beyond keep_last) are measured before the next
@@ -166,6 +171,27 @@ def wait_for_training(proc: subprocess.Popen, log_path: str) -> None:
         time.sleep(0.005)
 
 
+def check_step_checkpoints(ckpts: str, ref_dir: str, what: str, results: dict) -> None:
+    """Every ``step_N.pt`` and ``best.pt`` left after a kill must pass ``load_checkpoint`` (its
+    CRC-32 check included) and every ``step_N.pt`` equal the reference's of the same step."""
+    names = [n for n in os.listdir(ckpts) if re.fullmatch(r"step_\d+\.pt|best\.pt", n)] if os.path.isdir(ckpts) else []
+    for name in names:
+        try:
+            ckpt = load_checkpoint(os.path.join(ckpts, name))
+        except UserError as e:
+            results["corrupt_checkpoints"].append(f"{what}: {e}")
+            continue
+        results["checkpoints_verified"] += 1
+        if name != "best.pt" and not same_state(ckpt, load_checkpoint(os.path.join(ref_dir, "checkpoints", name))):
+            results["differing_step_checkpoints"].append(f"{what}: {name}")
+
+
+def resumed_without_last(log_path: str) -> bool:
+    """Whether this start found no ``last.pt`` and resumed from a ``step_N.pt`` (a kill between
+    the first ``step_N.pt`` and its ``last.pt`` copy): it used to start again at step 0."""
+    return "last.pt is missing: resuming from" in open(log_path, encoding="utf-8", errors="replace").read()
+
+
 def trial(
     index: int,
     args,
@@ -199,12 +225,14 @@ def trial(
                 proc.send_signal(signal.SIGKILL)
         place = where(log_path, run_dir) if killed else "not killed (finished first)"
         proc.wait()
+        results["resumed_without_last"] += resumed_without_last(log_path)
         if not killed:
             results["finished_before_kill"] += 1
             break
         results["kills"] += 1
         results["where"][place] = results["where"].get(place, 0) + 1
         results["orphan_bytes_after_kill_max"] = max(results["orphan_bytes_after_kill_max"], orphan_bytes(run_dir))
+        check_step_checkpoints(ckpts, ref_dir, f"trial {index} kill {k} ({place})", results)
         last = os.path.join(ckpts, "last.pt")
         if not os.path.exists(last):
             continue
@@ -219,6 +247,7 @@ def trial(
             results["differed_after_kill"].append(f"trial {index} kill {k} ({place}) step {ckpt['step']}")
     final_log = os.path.join(run_dir, "process_final.log")
     rc = start(config, final_log).wait()
+    results["resumed_without_last"] += resumed_without_last(final_log)
     if rc != 0:
         results["final_failures"].append(f"trial {index}: exit {rc}: {open(final_log).read()[-300:]}")
         return
@@ -294,6 +323,10 @@ def main() -> None:
         "where": {},
         "unreadable_last": 0,
         "checked_after_kill": 0,
+        "checkpoints_verified": 0,
+        "corrupt_checkpoints": [],
+        "differing_step_checkpoints": [],
+        "resumed_without_last": 0,
         "differed_after_kill": [],
         "finished_before_kill": 0,
         "trials": 0,
@@ -329,6 +362,11 @@ def main() -> None:
         f"| `last.pt` after a kill differing from the reference's `step_N.pt` | {len(r['differed_after_kill'])} "
         f"of {r['checked_after_kill']} |"
     )
+    print(
+        f"| `step_N.pt`/`best.pt` after a kill failing the CRC check / `step_N.pt` differing from the reference | "
+        f"{len(r['corrupt_checkpoints'])} / {len(r['differing_step_checkpoints'])} of {r['checkpoints_verified']} |"
+    )
+    print(f"| starts that found no `last.pt` and resumed from a `step_N.pt` | {r['resumed_without_last']} |")
     print(f"| final state differing from the uninterrupted run | {len(r['final_differed'])} of {r['trials']} |")
     print(f"| resumes that failed | {len(r['final_failures'])} |")
     print(

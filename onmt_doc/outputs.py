@@ -191,9 +191,12 @@ def output_file(
         except OSError as e:
             raise UserError(f"{describe(flag, p)}: write failed ({_os_reason(e)}); nothing was written") from None
         _copy_mode(target, tmp)
-        os.replace(tmp, target)
-        if durable:
-            _fsync_folder(os.path.dirname(target))
+        try:
+            os.replace(tmp, target)
+            if durable:
+                _fsync_folder(os.path.dirname(target))
+        except OSError as e:
+            raise UserError(f"{describe(flag, p)}: cannot replace it ({_os_reason(e)})") from None
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)

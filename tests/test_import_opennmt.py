@@ -417,3 +417,67 @@ def test_only_namespace_is_unpickled(tmp_path):
     ckpt = _write(tmp_path / "onmt.pt", sd, gen, _opt(learning_rate=fractions.Fraction(1, 2)))
     with pytest.raises(UserError, match="fractions.Fraction"):
         import_opennmt(str(ckpt), str(tmp_path / "m.pt"), None, subword="none")
+
+
+IMPOSSIBLE = [
+    ({"heads": 0}, "heads 0 is not a positive integer"),
+    ({"heads": -2}, "heads -2 is not a positive integer"),
+    ({"heads": 2.5}, "heads 2.5 is not a positive integer"),
+    ({"heads": None}, "heads None is not a positive integer"),
+    ({"heads": 3}, "enc_hid_size 16 is not divisible by heads 3"),
+    ({"transformer_ff": -5}, "transformer_ff -5 is not a positive integer"),
+    ({"enc_layers": 0}, "enc_layers 0 is not a positive integer"),
+    ({f"{k}_size": 0 for k in ("enc_hid", "dec_hid", "src_word_vec", "tgt_word_vec")}, "enc_hid_size 0 is not"),
+    ({"dropout": [1.5]}, r"dropout 1\.5 is not a probability in \[0, 1\)"),
+]
+
+
+@pytest.mark.parametrize("over,message", IMPOSSIBLE, ids=[str(next(iter(o.items()))) for o, _ in IMPOSSIBLE])
+def test_impossible_sizes_are_refused(tmp_path, over, message):
+    """Sizes no network has: they used to end in a ZeroDivisionError or a torch RuntimeError, or
+    (negative or fractional heads) to import a model that computes something else."""
+    sd, gen = _state(True, True, False)
+    ckpt = _write(tmp_path / "onmt.pt", sd, gen, _opt(**over))
+    with pytest.raises(UserError, match=f"OpenNMT-py model not importable: {message}"):
+        import_opennmt(str(ckpt), str(tmp_path / "m.pt"), None, subword="none")
+    assert not (tmp_path / "m.pt").exists()
+
+
+BAD_TENSORS = [
+    ("encoder.transformer.0.self_attn.linear_keys.weight", (D, D // 2), r"weight shapes .* do not fit onmt_doc's"),
+    ("encoder.transformer.0.self_attn.linear_query.weight", (), r"weight shapes \(\), .* do not fit onmt_doc's"),
+    ("encoder.embeddings.make_embedding.pe.pe", (50, 1, D - 1), r"pe\.pe has shape \(50, 1, 15\), expected"),
+]
+
+
+@pytest.mark.parametrize("name,shape,message", BAD_TENSORS, ids=[n.split(".", 2)[-1] for n, _, _ in BAD_TENSORS])
+def test_tensors_of_impossible_shapes_are_refused(tmp_path, name, shape, message):
+    sd, gen = _state(True, True, False)
+    sd[name] = torch.zeros(shape)
+    ckpt = _write(tmp_path / "onmt.pt", sd, gen, _opt())
+    with pytest.raises(UserError, match=message):
+        import_opennmt(str(ckpt), str(tmp_path / "m.pt"), None, subword="none")
+
+
+def test_impossible_sizes_are_one_line_from_the_command(tmp_path):
+    sd, gen = _state(True, True, False)
+    ckpt = _write(tmp_path / "onmt.pt", sd, gen, _opt(heads=0))
+    out = tmp_path / "m.pt"
+    r = run_cli(
+        *module_cmd("onmt_doc.bin.import_opennmt"), "-model", str(ckpt), "-output", str(out), "-subword_type", "none"
+    )
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "heads 0 is not a positive integer" in r.stderr and not out.exists()
+
+
+def test_a_flipped_byte_in_an_opennmt_checkpoint_is_refused(tmp_path):
+    """torch.load reads it (one weight changed); the CRC-32 of its zip record does not match."""
+    from test_checkpoint import flip_tensor_byte
+
+    sd, gen = _state(True, True, False)
+    ckpt = _write(tmp_path / "onmt.pt", sd, gen, _opt())
+    flip_tensor_byte(ckpt)
+    torch.load(ckpt, weights_only=False)  # loads: the damage is silent without the check
+    with pytest.raises(UserError, match=r"onmt\.pt: damaged OpenNMT-py checkpoint \(record data/\d+: CRC mismatch\)"):
+        import_opennmt(str(ckpt), str(tmp_path / "m.pt"), None, subword="none")
+    assert not (tmp_path / "m.pt").exists()

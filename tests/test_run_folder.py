@@ -1,5 +1,6 @@
 """Run folders: one training per log.dir, refused inexact resumes, finished runs, SIGTERM/SIGINT
-saves, leftovers of interrupted saves, checkpoints that cannot be resumed, one-line errors."""
+saves, leftovers of interrupted saves, checkpoints that cannot be resumed, a missing last.pt, a
+full disk, one-line errors."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import module_cmd, run_cli, tiny_config, write_config
+from test_checkpoint import flip_tensor_byte
 from test_cli import assert_one_line_error
 
 from onmt_doc.config import config_from_dict
@@ -218,6 +222,17 @@ def test_leftovers_of_interrupted_saves_are_removed_at_start(toy_dir, data, run)
     assert not [p for p in leftovers if p.exists()]
 
 
+def test_a_surplus_step_checkpoint_of_a_killed_final_save_is_removed_on_the_next_start(toy_dir, data, run):
+    """A kill between the final save's last.pt copy and its keep_last sweep left one step_N.pt too
+    many for good: every later start said "nothing to do" and never saved (fault_injection.py)."""
+    ckpts = run / "checkpoints"
+    step_2 = (ckpts / "step_2.pt").read_bytes()
+    train(config_from_dict(config(toy_dir, data, run, max_steps=6)))
+    (ckpts / "step_2.pt").write_bytes(step_2)  # what the killed sweep would have deleted
+    train(config_from_dict(config(toy_dir, data, run, max_steps=6)))  # nothing to do
+    assert sorted(p.name for p in ckpts.iterdir()) == ["best.pt", "last.pt", "step_4.pt", "step_6.pt"]
+
+
 def test_leftovers_are_removed_by_the_keep_last_sweep(toy_dir, data, run):
     """A Trainer used without train() (no start-up clean-up) still sweeps at each save."""
     leftover = run / "checkpoints" / "step_6.pt.tmp4242"
@@ -225,6 +240,15 @@ def test_leftovers_are_removed_by_the_keep_last_sweep(toy_dir, data, run):
     Trainer(config_from_dict(config(toy_dir, data, run, max_steps=5, save_every=1)), DistContext()).train()
     assert not leftover.exists()
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best.pt", "last.pt", "step_4.pt", "step_5.pt"]
+
+
+def test_the_sweep_leaves_another_commands_file_in_progress(toy_dir, data, run):
+    """An average being written into checkpoints/ while the run trains (.avg.pt.tmp<pid>) is not a
+    leftover of a killed save: the keep-last sweep used to delete it under the writer's feet."""
+    other = run / "checkpoints" / ".avg.pt.tmp4242"
+    other.write_bytes(b"\0" * 1000)
+    Trainer(config_from_dict(config(toy_dir, data, run, max_steps=5, save_every=1)), DistContext()).train()
+    assert other.exists()
 
 
 # ----------------------------------------------------------------------------- unusable checkpoints
@@ -250,13 +274,123 @@ def test_corrupt_last_names_the_intact_step_checkpoint(toy_dir, data, run):
     last.write_bytes(last.read_bytes()[:5000])
     with pytest.raises(
         UserError,
-        match=r"last\.pt: not a readable .*newest intact checkpoint beside it is "
+        match=r"last\.pt: damaged checkpoint \(truncated.*newest intact checkpoint beside it is "
         r".*step_2\.pt: copy it to",
     ):
         train(config_from_dict(config(toy_dir, data, run, max_steps=6)))
     shutil.copy(ckpts / "step_2.pt", last)  # the advice works
     train(config_from_dict(config(toy_dir, data, run, max_steps=3)))
     assert last_step(run) == 3
+
+
+# ----------------------------------------------------------------------------- last.pt missing
+
+
+def test_missing_last_resumes_from_the_newest_step_checkpoint_and_says_so(
+    toy_dir, data, base_run, run, tmp_path, warnings_of_onmt_doc
+):
+    """It used to start again at step 0, overwriting step_N.pt and best.pt. The resume from
+    step_4.pt ends where the run resumed from its last.pt does."""
+    straight = Path(shutil.copytree(base_run, tmp_path / "straight"))
+    train(config_from_dict(config(toy_dir, data, straight, max_steps=6)))
+    (run / "checkpoints" / "last.pt").unlink()
+    train(config_from_dict(config(toy_dir, data, run, max_steps=6)))
+    said = [r.getMessage() for r in warnings_of_onmt_doc.records if "is missing" in r.getMessage()]
+    assert len(said) == 1 and said[0].endswith(
+        "last.pt is missing: resuming from " + str(run / "checkpoints" / "step_4.pt") + ", the newest intact step_N.pt"
+    ), said
+    a, b = (
+        load_checkpoint(str(run / "checkpoints" / "last.pt")),
+        load_checkpoint(str(straight / "checkpoints" / "last.pt")),
+    )
+    assert a["step"] == b["step"] == 6
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def test_missing_last_skips_a_damaged_step_checkpoint_naming_it(toy_dir, data, run, warnings_of_onmt_doc):
+    ckpts = run / "checkpoints"
+    (ckpts / "last.pt").unlink()
+    flip_tensor_byte(ckpts / "step_4.pt")
+    train(config_from_dict(config(toy_dir, data, run, max_steps=3, save_every=1)))
+    said = [r.getMessage() for r in warnings_of_onmt_doc.records if "is missing" in r.getMessage()]
+    assert len(said) == 1 and "resuming from " + str(ckpts / "step_2.pt") in said[0], said
+    assert "skipped: step_4.pt damaged checkpoint (record data/" in said[0], said
+    assert last_step(run) == 3
+    # keep_last (2) counts the intact step_2/step_3, not the damaged step_4 the save at step 4 replaces
+    assert sorted(p.name for p in ckpts.iterdir()) == ["best.pt", "last.pt", "step_2.pt", "step_3.pt", "step_4.pt"]
+
+
+@pytest.mark.parametrize("left", ["best", "damaged steps"])
+def test_missing_last_with_nothing_resumable_is_refused_and_nothing_is_overwritten(toy_dir, data, run, left):
+    ckpts = run / "checkpoints"
+    (ckpts / "last.pt").unlink()
+    if left == "best":
+        for path in ckpts.glob("step_*.pt"):
+            path.unlink()
+        match = r"last\.pt is missing and no checkpoint beside it can be resumed \(best\.pt \(weights only"
+    else:
+        for path in ckpts.glob("step_*.pt"):
+            flip_tensor_byte(path)
+        match = r"\(step_4\.pt damaged checkpoint \(record data/\d+: CRC mismatch\); step_2\.pt damaged"
+    before = {p.name: p.read_bytes() for p in ckpts.iterdir()}
+    with pytest.raises(UserError, match=match + r".*training from step 0 would overwrite them"):
+        train(config_from_dict(config(toy_dir, data, run, max_steps=6)))
+    assert {p.name: p.read_bytes() for p in ckpts.iterdir()} == before
+
+
+def test_a_new_run_folder_still_starts_at_step_0(toy_dir, data, tmp_path):
+    run = tmp_path / "fresh"
+    train(config_from_dict(config(toy_dir, data, run, max_steps=2)))
+    assert last_step(run) == 2
+
+
+# ----------------------------------------------------------------------------- optimizer type
+
+
+@pytest.mark.parametrize("optim", ["sgd", "adamw"])
+def test_resume_with_another_optimizer_type_is_refused(toy_dir, data, run, optim):
+    """docs/getting_started.md: the optimizer type cannot change on resume. adam -> adamw loaded
+    Adam's state silently, adam -> sgd failed with a traceback at the first step."""
+    cfg = config(toy_dir, data, run, max_steps=6)
+    cfg["optim"]["type"] = optim
+    with pytest.raises(
+        UserError,
+        match=rf"last\.pt: cannot resume with optim\.type {optim}: the checkpoint holds the state of a adam "
+        rf"optimizer; set optim\.type=adam to resume, or start a new log\.dir with train\.init_from=",
+    ):
+        train(config_from_dict(cfg))
+    assert last_step(run) == 4
+    assert load_checkpoint(str(run / "checkpoints" / "last.pt"))["train_state"]["optimizer_type"] == "adam"
+
+
+# ----------------------------------------------------------------------------- full disk
+
+
+def _tmpfs_works() -> bool:
+    """Whether this machine lets an unprivileged mount namespace mount a tmpfs (a real full disk)."""
+    if not shutil.which("unshare"):
+        return False
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k none /mnt"], capture_output=True)
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not _tmpfs_works(), reason="cannot mount a small tmpfs here (unshare -rm)")
+def test_a_full_disk_while_saving_is_one_line_and_leaves_nothing_behind(toy_dir, data, tmp_path):
+    """checkpoints/ on a 64 KB tmpfs: the first save (a ~1 MB step_2.pt) fills it. torch.save used to
+    turn ENOSPC into "RuntimeError: unexpected pos" (a traceback) and leave the partial file."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    path = write_config(config(toy_dir, data, run, max_steps=4, valid_every=100), tmp_path / "x.yaml")
+    train_cmd = " ".join([sys.executable, "-m", "onmt_doc.bin.train", "-config", str(path)])
+    script = (
+        f"mount -t tmpfs -o size=64k none {run / 'checkpoints'} && {{ {train_cmd}; rc=$?; "
+        f"echo LEFT: $(ls -A {run / 'checkpoints'}) >&2; exit $rc; }}"
+    )
+    proc = run_cli("unshare", "-rm", "sh", "-c", script)
+    left = [line for line in proc.stderr.splitlines() if line.startswith("LEFT:")]
+    assert left == ["LEFT:"], proc.stderr  # no partial file, no step_2.pt
+    proc.stderr = proc.stderr.replace(left[0] + "\n", "")
+    assert_one_line_error(proc, "step_2.pt: write failed (no space left on the device); nothing was written")
 
 
 # ----------------------------------------------------------------------------- one-line errors

@@ -361,3 +361,18 @@ def test_a_corpus_file_is_never_a_vocabulary_output(ws, capsys):
     before = digest(ws.root / "run" / "vocab.txt")
     one_line_refusal(capsys, build_vocab.main(["-config", str(ws.config)]), "would destroy the input")
     assert digest(ws.root / "run" / "vocab.txt") == before
+
+
+def test_training_never_writes_over_its_own_config_file(toy_dir, tmp_path, capsys):
+    """`onmt_doc_train -config runs/x/config.yaml` (continuing a run from its folder) keeps the
+    user's file, comments and all, instead of replacing it with the resolved config."""
+    from onmt_doc.bin import train
+
+    run = tmp_path / "run"
+    run.mkdir()
+    config = run / "config.yaml"
+    text = "# my notes on this run\n" + yaml.safe_dump(tiny_config(toy_dir, run, train={"max_steps": 2}))
+    config.write_text(text, encoding="utf-8")
+    assert train.main(["-config", str(config), "train.save_every=2"]) == 0
+    assert config.read_text(encoding="utf-8") == text
+    assert (run / "checkpoints" / "last.pt").exists()

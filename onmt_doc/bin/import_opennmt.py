@@ -60,7 +60,13 @@ def _main(argv: Optional[list[str]] = None) -> int:
         help="write data.sentence_markup: true (onmt_doc's <s> … </s> around each sentence, which the "
         "OpenNMT-py model never saw: lower BLEU as is) for fine-tuning into a document model",
     )
-    p.add_argument("-force", "--force", action="store_true", help="overwrite -output if it exists")
+    p.add_argument(
+        "-force",
+        "--force",
+        action="store_true",
+        help="overwrite -output if it exists; replace the vocabulary of a -run_dir that has checkpoints "
+        "(the old files are kept as <name>.backup-<time>)",
+    )
     args = p.parse_args(argv)
     inputs = [
         ("-model", args.model),

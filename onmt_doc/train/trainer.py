@@ -37,6 +37,7 @@ from onmt_doc.models.checkpoint import copy_checkpoint, load_checkpoint, save_ch
 from onmt_doc.modules import analysis
 from onmt_doc.optim.optimizers import build_optimizer
 from onmt_doc.optim.schedules import build_schedule
+from onmt_doc.outputs import same_file
 from onmt_doc.train import distributed
 from onmt_doc.train.distributed import DistContext
 from onmt_doc.train.hardware import amp_dtype, autocast, set_threads
@@ -47,6 +48,10 @@ from onmt_doc.train.run_folder import PARTIAL, data_fingerprint, fingerprint_cha
 from onmt_doc.translate.translator import Translator, translator_options
 
 log = logging.getLogger("onmt_doc")
+
+# the temporary files of the checkpoints training writes; another command's (an average written
+# into checkpoints/ while the run trains) is not this sweep's to delete
+TRAINING_FILES = re.compile(r"\.?(step_\d+|last|best)\.pt\.tmp\d+$")
 
 
 @dataclass
@@ -119,8 +124,9 @@ class Trainer:
     """One training run: model, optimizer, data order and run folder, with everything an exact
     resume needs saved in each checkpoint."""
 
-    def __init__(self, cfg: Config, ctx: DistContext):
-        self.cfg, self.ctx = cfg, ctx
+    def __init__(self, cfg: Config, ctx: DistContext, config_path: Optional[str] = None):
+        """``config_path``: the user's ``-config`` file, never written over (``config.yaml``)."""
+        self.cfg, self.ctx, self.config_path = cfg, ctx, config_path
         self.run_dir = cfg.log.dir
         self.ckpt_dir = os.path.join(self.run_dir, "checkpoints")
         torch.manual_seed(cfg.train.seed)
@@ -211,6 +217,7 @@ class Trainer:
     def _train_state(self) -> dict:
         return {
             "step": self.step,
+            "optimizer_type": self.cfg.optim.type,  # a resume with another optimizer is refused
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler else None,
             "sampler": self.sampler.state_dict(),
@@ -248,12 +255,22 @@ class Trainer:
         save_checkpoint(payload, path)
         copy_checkpoint(path, os.path.join(self.ckpt_dir, "last.pt"))
         self.saved_step = self.step
-        for old in step_checkpoints(self.ckpt_dir)[: -self.cfg.train.keep_last]:
+        self._prune()
+        log.info("saved %s", path)
+
+    def _prune(self) -> None:
+        """Keep the newest ``train.keep_last`` ``step_N.pt`` up to this step and delete leftovers of
+        killed saves. Also run after a resume: a process killed between its last save and this
+        sweep (the final save, so no later save comes) leaves one ``step_N.pt`` too many. A
+        ``step_N.pt`` past this step (a resume from an older checkpoint) is left for the save at its
+        step to replace: deleting it could leave fewer intact checkpoints than keep_last."""
+        steps = [p for p in step_checkpoints(self.ckpt_dir) if _step_of(p) <= self.step]
+        for old in steps[: -self.cfg.train.keep_last]:
             os.remove(old)
         for entry in os.scandir(self.ckpt_dir):  # leftovers of saves killed in earlier processes
-            if PARTIAL.search(entry.name):
-                os.remove(entry.path)
-        log.info("saved %s", path)
+            if PARTIAL.search(entry.name) and TRAINING_FILES.match(entry.name):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(entry.path)
 
     def save_best(self) -> None:
         """Write ``best.pt``: weights only (no training state), for translation and averaging."""
@@ -261,14 +278,16 @@ class Trainer:
             save_checkpoint(self._payload(with_train_state=False), os.path.join(self.ckpt_dir, "best.pt"))
 
     def _maybe_resume(self) -> None:
-        path = os.path.join(self.ckpt_dir, "last.pt")
-        if not (self.cfg.train.resume and os.path.exists(path)):
+        """Continue from ``last.pt`` (or, when it is missing, the newest intact ``step_N.pt``)."""
+        found = resume_source(self.ckpt_dir) if self.cfg.train.resume else None
+        if found is None:
             return
-        ckpt = load_resumable(path, self.ckpt_dir)
+        path, ckpt = found
         if ckpt["codec"] != self.codec.to_dict():
             raise UserError(f"{path}: the run folder's vocabularies changed since this checkpoint")
         st = ckpt["train_state"]
         next_epoch = self._check_data_position(path, st)
+        self._check_optimizer_type(path, ckpt)
         changed = config_changes(ckpt.get("config", {}), config_to_dict(self.cfg))
         if changed:
             log.warning("resuming with a config that differs from the checkpoint's: %s", ", ".join(changed))
@@ -310,6 +329,29 @@ class Trainer:
             self.sampler.epoch,
             self.sampler.position,
         )
+
+    def _save_resolved_config(self) -> None:
+        """``config.yaml``: every key, defaults included; left alone when it is the user's own
+        ``-config`` file (``onmt_doc_train -config runs/x/config.yaml`` to continue a run): the
+        resolved config is in every checkpoint anyway."""
+        path = os.path.join(self.run_dir, "config.yaml")
+        if self.config_path and os.path.exists(path) and same_file(self.config_path, path):
+            log.info("%s is the -config file: left as it is (every checkpoint stores the resolved config)", path)
+            return
+        save_config(self.cfg, path)
+
+    def _check_optimizer_type(self, path: str, ckpt: dict) -> None:
+        """Refuse another ``optim.type``: its state (e.g. Adam's moments) would be loaded into an
+        optimizer that reads other keys, or reads the same keys with another meaning (adam ->
+        adamw), and training would go on silently with a wrong update."""
+        old = ckpt["train_state"].get("optimizer_type") or ckpt.get("config", {}).get("optim", {}).get("type")
+        new = self.cfg.optim.type
+        if old is not None and old != new:
+            raise UserError(
+                f"{path}: cannot resume with optim.type {new}: the checkpoint holds the state of a {old} "
+                f"optimizer; set optim.type={old} to resume, or start a new log.dir with "
+                f"train.init_from={path} (its weights, a fresh {new} optimizer)"
+            )
 
     def _check_data_position(self, path: str, state: dict) -> bool:
         """Refuse (or, with train.resume_data=next_epoch, accept) a checkpoint whose data position
@@ -393,7 +435,9 @@ class Trainer:
         cfg = self.cfg.train
         if self.ctx.main:
             os.makedirs(self.ckpt_dir, exist_ok=True)
-            save_config(self.cfg, os.path.join(self.run_dir, "config.yaml"))
+            self._save_resolved_config()
+        if self.ctx.main and self.saved_step is not None:  # resumed: the sweep a killed save did not finish
+            self._prune()
         stop = end = self._at_end()
         if end or self.early.stop:
             self._say_finished()
@@ -538,10 +582,56 @@ class Trainer:
 def step_checkpoints(ckpt_dir: str) -> list[str]:
     """The folder's ``step_N.pt`` files, oldest first."""
     paths = glob.glob(os.path.join(ckpt_dir, "step_*.pt"))
-    return sorted(
-        (p for p in paths if re.search(r"step_\d+\.pt$", p)),
-        key=lambda p: int(re.search(r"step_(\d+)\.pt$", p).group(1)),
+    return sorted((p for p in paths if re.search(r"step_\d+\.pt$", p)), key=_step_of)
+
+
+def _step_of(path: str) -> int:
+    """N of ``step_N.pt``."""
+    return int(re.search(r"step_(\d+)\.pt$", path).group(1))
+
+
+def resume_source(ckpt_dir: str) -> Optional[tuple[str, dict]]:
+    """The checkpoint a resume continues from, and its path: ``last.pt``; when it is missing, the
+    newest ``step_N.pt`` that loads, verifies and holds a training state (said in a warning);
+    None for a new run (no ``step_N.pt``, no ``best.pt``). Checkpoints none of which can be resumed
+    are a one-line error, since training from step 0 would overwrite them."""
+    last = os.path.join(ckpt_dir, "last.pt")
+    if os.path.exists(last):
+        return last, load_resumable(last, ckpt_dir)
+    steps = step_checkpoints(ckpt_dir)
+    best = os.path.join(ckpt_dir, "best.pt")
+    if not steps and not os.path.exists(best):
+        return None
+    unusable = []
+    for path in reversed(steps):
+        try:
+            ckpt = load_checkpoint(path)
+        except UserError as e:
+            unusable.append(f"{os.path.basename(path)} {_why(e, path)}")
+            continue
+        if "train_state" not in ckpt:
+            unusable.append(f"{os.path.basename(path)} has no training state")
+            continue
+        log.warning(
+            "%s is missing: resuming from %s, the newest intact step_N.pt%s",
+            last,
+            path,
+            f" (skipped: {'; '.join(unusable)})" if unusable else "",
+        )
+        return path, ckpt
+    found = unusable + (["best.pt (weights only, no training state)"] if os.path.exists(best) else [])
+    raise UserError(
+        f"{last} is missing and no checkpoint beside it can be resumed ({'; '.join(found)}); training "
+        f"from step 0 would overwrite them: move them out of {ckpt_dir} or use a new log.dir "
+        f"(train.init_from=<one of them> starts from its weights)"
     )
+
+
+def _why(e: UserError, path: str) -> str:
+    """A load error without the path it starts with and the advice it ends with: ``damaged (…)``."""
+    text = str(e)
+    text = text[len(path) + 2 :] if text.startswith(f"{path}: ") else text
+    return text.split("; ")[0]
 
 
 def load_resumable(path: str, ckpt_dir: str) -> dict:
@@ -589,9 +679,10 @@ def _as_tuple(value: object) -> object:
     return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
-def train(cfg: Config) -> dict:
+def train(cfg: Config, config_path: Optional[str] = None) -> dict:
     """Train from a resolved config (single process, or one torchrun rank): lock the run folder,
-    clear leftovers of interrupted saves, train; SIGTERM/SIGINT stop with a checkpoint."""
+    clear leftovers of interrupted saves, train; SIGTERM/SIGINT stop with a checkpoint.
+    ``config_path``: the file the config was read from, which training never writes over."""
     ctx = distributed.init_distributed(cfg.train.device)
     lock = None
     try:
@@ -604,7 +695,7 @@ def train(cfg: Config) -> dict:
                 if freed:
                     log.info("removed leftovers of interrupted saves in %s (%.1f MB)", cfg.log.dir, freed / 1e6)
             set_threads(cfg, ctx)
-            result = Trainer(cfg, ctx).train(stop_request)
+            result = Trainer(cfg, ctx, config_path).train(stop_request)
             # every rank waits for rank 0's last checkpoint before the process group is torn down: a
             # rank that tears down early can abort in Gloo's teardown ("terminate called without an
             # active exception", seen once in CI in the two-process resume test)
