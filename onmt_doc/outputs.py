@@ -102,9 +102,10 @@ def is_special(path: PathLike) -> bool:
     return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
-def check_writable_target(path: PathLike, flag: str = "-output") -> None:
+def check_writable_target(path: PathLike, flag: str = "-output", make_folder: bool = False) -> None:
     """Refuse, before any work, an output that cannot be written: a folder, or a file whose folder
-    does not exist. Commands call this first so that a long run does not fail at its end."""
+    does not exist (``make_folder``: whose folder cannot be created). Commands call this first so
+    that a long run does not fail at its end."""
     p = os.fspath(path)
     if p == STDOUT:
         return
@@ -113,7 +114,12 @@ def check_writable_target(path: PathLike, flag: str = "-output") -> None:
     if is_special(p):
         return
     folder = os.path.dirname(os.path.realpath(p)) or "."
-    if not os.path.isdir(folder):
+    if make_folder:
+        while not os.path.lexists(folder):
+            folder = os.path.dirname(folder)
+        if not os.path.isdir(folder):
+            raise UserError(f"{describe(flag, p)}: {folder} is a file, not a folder")
+    elif not os.path.isdir(folder):
         raise UserError(f"{describe(flag, p)}: the folder {folder} does not exist")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise UserError(f"{describe(flag, p)}: cannot write in {folder} (permission denied)")
@@ -170,9 +176,9 @@ def output_file(
         _flush(stream, flag, "standard output")
         return
     refuse_inputs(p, inputs, flag)
+    check_writable_target(p, flag, make_folder)
     if make_folder:
         make_folders(os.path.dirname(os.path.abspath(p)), flag, p)
-    check_writable_target(p, flag)
     if is_special(p):
         with _stream_special(p, flag, binary) as f:
             yield f

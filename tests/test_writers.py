@@ -192,11 +192,26 @@ def test_output_that_is_a_folder_is_refused_and_kept(writer, ws, capsys):
     assert (folder / "keep.txt").read_text(encoding="utf-8") == "mine"
 
 
-@pytest.mark.parametrize("writer", list(WRITERS))
+# writers whose output folder is created when missing (runs/x/pmi.npz before runs/x exists), as always
+MAKE_FOLDER = ("build_pmi_table -output", "average_checkpoints -output")
+
+
+@pytest.mark.parametrize("writer", [w for w in WRITERS if w not in MAKE_FOLDER])
 def test_output_into_a_missing_folder_is_refused_before_any_work(writer, ws, capsys):
     command, args, _ = WRITERS[writer]
     status = command(args(ws, str(ws.root / "no" / "such" / "out")))
     one_line_refusal(capsys, status, "does not exist")
+
+
+@pytest.mark.parametrize("writer", MAKE_FOLDER)
+def test_output_folder_is_created_but_never_over_a_file(writer, ws, capsys):
+    command, args, _ = WRITERS[writer]
+    assert command(args(ws, str(ws.root / "new" / "folder" / "out"))) == 0
+    assert (ws.root / "new" / "folder" / "out").is_file()
+    capsys.readouterr()
+    (ws.root / "plain").write_text("a file", encoding="utf-8")
+    one_line_refusal(capsys, command(args(ws, str(ws.root / "plain" / "out"))), "is a file, not a folder")
+    assert (ws.root / "plain").read_text(encoding="utf-8") == "a file"
 
 
 class FifoReader:

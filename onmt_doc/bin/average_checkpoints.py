@@ -43,7 +43,7 @@ def _main(argv: Optional[list[str]] = None) -> int:
         refuse_inputs(
             args.output, [("run folder's", p) for p in glob.glob(os.path.join(args.run_dir, "checkpoints", "*.pt"))]
         )
-    check_writable_target(args.output)
+    check_writable_target(args.output, make_folder=True)
     save_checkpoint(average_checkpoints(paths), args.output)
     print(f"averaged {len(paths)} checkpoints into {args.output}", file=sys.stderr)
     return 0

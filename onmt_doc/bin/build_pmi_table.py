@@ -54,7 +54,7 @@ def _main(argv: Optional[list[str]] = None) -> int:
         check_readable_file(path, flag)
     inputs = [("-src", src), ("-tgt", tgt), ("-config", args.config), *codec_files(cfg, cfg.log.dir)]
     refuse_inputs(args.output, inputs)
-    check_writable_target(args.output)
+    check_writable_target(args.output, make_folder=True)  # e.g. runs/x/pmi.npz before runs/x exists
     codec = load_codec(cfg, cfg.log.dir)
     if codec is None:  # learned into the run folder, as training would: only with the folder locked
         with run_folder_lock(cfg.log.dir):

@@ -74,7 +74,7 @@ def _main(argv: Optional[list[str]] = None) -> int:
         ("-tgt_subword_model", args.tgt_subword_model),
     ]
     refuse_inputs(args.output, inputs)
-    check_writable_target(args.output)
+    check_writable_target(args.output, make_folder=True)
     with run_folder_lock(args.run_dir) if args.run_dir else contextlib.nullcontext():
         payload = import_opennmt(
             args.model,
