@@ -32,8 +32,8 @@ from typing import Any, Callable, Literal, Optional, Sequence, Union
 
 import yaml
 
-from onmt_doc.errors import ConfigError
-from onmt_doc.outputs import Input, write_text
+from onmt_doc.errors import ConfigError, UserError
+from onmt_doc.outputs import Input, input_problem, read_input_bytes, write_text
 from onmt_doc.registry import closest, registry_for
 
 FORMAT_VERSION = 1
@@ -375,10 +375,15 @@ class VocabConfig:
     """``vocab:`` the subword model and vocabularies ``onmt_doc_build_vocab`` learns."""
 
     subword: Literal["bpe", "sentencepiece", "none"] = option("bpe", "subword model")
-    size: int = option(8000, "BPE merges, or SentencePiece pieces", minimum=1)
+    size: int = option(8000, "BPE merges, or SentencePiece pieces (at most 10,000,000)", minimum=1, maximum=10_000_000)
     shared: bool = option(True, "one subword model and one vocabulary for both sides")
     min_freq: int = option(1, "vocabulary entries seen fewer times are dropped", minimum=0)
-    max_size: int = option(0, "cap on vocabulary entries, specials included (0 = no cap)", minimum=0)
+    max_size: int = option(
+        0,
+        "cap on vocabulary entries, specials included (0 = no cap; at most 10,000,000)",
+        minimum=0,
+        maximum=10_000_000,
+    )
     tokenizer: Literal["aggressive", "conservative", "space", "char", "none"] = option(
         "aggressive",
         "pyonmttok pre-tokenization mode (with joiners; `none` = split on spaces, no joiners); "
@@ -945,6 +950,8 @@ def apply_overrides(raw: dict, overrides: list[str], source: str = "command line
             value = yaml.load(text, Loader=StrictYAMLLoader) if text != "" else ""
         except DuplicateKeyError as e:
             raise ConfigError(f"{source}: override '{key}': duplicate key '{e.key}'") from None
+        except RecursionError:
+            raise ConfigError(f"{source}: override '{key}': value nested too deeply") from None
         except yaml.YAMLError:
             value = text
         parts = key.split(".")
@@ -1011,16 +1018,25 @@ def config_from_dict(raw: dict, source: str = "config") -> Config:
     return cfg
 
 
+# the largest config file read (a config is a few KB; this only stops /dev/zero and endless pipes)
+CONFIG_BYTES = 16 << 20
+
+
 def load_config(path: Optional[str], overrides: Optional[list[str]] = None) -> Config:
     """Read a YAML config (or none: all defaults) and apply dotted overrides."""
     raw: Any = {}
     source = path or "command line"
     if path:
-        if not os.path.isfile(path):
-            raise ConfigError(f"{path}: config file not found")
+        problem = input_problem(path)
+        if problem:
+            raise ConfigError(f"{path}: config {problem}")
         try:
-            with open(path, encoding="utf-8") as f:
-                raw = yaml.load(f, Loader=StrictYAMLLoader) or {}
+            text = read_input_bytes(path, limit=CONFIG_BYTES, what="config file").decode("utf-8")
+            raw = yaml.load(text, Loader=StrictYAMLLoader) or {}
+        except UserError as e:
+            raise ConfigError(str(e)) from None
+        except RecursionError:
+            raise ConfigError(f"{path}: nested too deeply to be a config") from None
         except DuplicateKeyError as e:
             raise ConfigError(f"{path}:{e.line}: duplicate key '{e.key}' (first at line {e.first})") from None
         except yaml.YAMLError as e:

@@ -25,6 +25,7 @@ import contextlib
 import errno
 import io
 import os
+import re
 import shutil
 import stat
 import sys
@@ -75,7 +76,7 @@ def _real_inputs(inputs: Iterable[Input]) -> list[tuple[str, str]]:
 
 def refuse_inputs(path: PathLike, inputs: Iterable[Input], flag: str = "-output") -> None:
     """A one-line ``UserError`` if the output ``path`` is, or resolves to, one of ``inputs``."""
-    if os.fspath(path) == STDOUT:
+    if os.fspath(path) == STDOUT or descriptor_of(path) is not None:
         return
     for in_flag, in_path in _real_inputs(inputs):
         if same_file(path, in_path):
@@ -90,6 +91,21 @@ def refuse_folder_holding_inputs(folder: PathLike, inputs: Iterable[Input], flag
         if _is_inside(in_path, os.fspath(folder)):
             what = f"the {in_flag} file {in_path}" if in_flag else f"the input {in_path}"
             raise UserError(f"{describe(flag, folder)} holds {what}; choose a folder that does not contain the input")
+
+
+_FD_PATH = re.compile(r"^/(?:dev/fd|proc/(?:self|thread-self|\d+)/fd)/(\d+)$")
+_STD_PATHS = {"/dev/stdout": 1, "/dev/stderr": 2}
+
+
+def descriptor_of(path: PathLike) -> Optional[int]:
+    """The file descriptor a path names (``/dev/stdout``, ``/dev/stderr``, ``/dev/fd/N``,
+    ``/proc/self/fd/N``), which must be written through, not reopened: with ``>> log.txt`` the
+    path resolves to the log file itself, and a rename over it would erase what it held."""
+    p = os.fspath(path)
+    if p in _STD_PATHS:
+        return _STD_PATHS[p]
+    m = _FD_PATH.match(p)
+    return int(m.group(1)) if m else None
 
 
 def is_special(path: PathLike) -> bool:
@@ -107,7 +123,7 @@ def check_writable_target(path: PathLike, flag: str = "-output", make_folder: bo
     does not exist (``make_folder``: whose folder cannot be created). Commands call this first so
     that a long run does not fail at its end."""
     p = os.fspath(path)
-    if p == STDOUT:
+    if p == STDOUT or descriptor_of(p) is not None:
         return
     if os.path.isdir(p):
         raise UserError(f"{describe(flag, p)}: is a directory; give a file name")
@@ -175,6 +191,11 @@ def output_file(
             raise UserError(f"standard output: write failed ({_os_reason(e)})") from None
         _flush(stream, flag, "standard output")
         return
+    fd = descriptor_of(p)
+    if fd is not None:
+        with _stream_descriptor(fd, p, flag, binary) as f:
+            yield f
+        return
     refuse_inputs(p, inputs, flag)
     check_writable_target(p, flag, make_folder)
     if make_folder:
@@ -218,6 +239,24 @@ def _copy_mode(target: str, tmp: str) -> None:
         mode = 0o666 & ~umask
     with contextlib.suppress(OSError):
         os.chmod(tmp, mode)
+
+
+@contextlib.contextmanager
+def _stream_descriptor(fd: int, path: str, flag: str, binary: bool) -> Iterator[IO]:
+    """Write through an already open descriptor (a duplicate, so closing it keeps the original)."""
+    try:
+        raw = os.fdopen(os.dup(fd), "wb")
+    except OSError as e:
+        raise UserError(f"{describe(flag, path)}: descriptor {fd} is not open ({_os_reason(e)})") from None
+    f = raw if binary else io.TextIOWrapper(raw, encoding="utf-8", newline="\n")
+    try:
+        with f:
+            yield f
+            _flush(f, flag, path)
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        raise UserError(f"{describe(flag, path)}: write failed ({_os_reason(e)})") from None
 
 
 @contextlib.contextmanager
@@ -349,3 +388,16 @@ def open_input(path: PathLike, flag: str = "") -> IO[bytes]:
         return open(path, "rb")
     except OSError as e:
         raise DataError(f"{describe(flag, path)}: cannot be read ({_os_reason(e)})") from None
+
+
+def read_input_bytes(path: PathLike, flag: str = "", limit: int = 1 << 30, what: str = "file") -> bytes:
+    """The whole of a small input (a subword model, a config), read with a bound so that
+    ``/dev/zero`` or an endless pipe is an error, not a machine out of memory."""
+    with open_input(path, flag) as f:
+        try:
+            data = f.read(limit + 1)
+        except OSError as e:
+            raise DataError(f"{describe(flag, path)}: cannot be read ({_os_reason(e)})") from None
+    if len(data) > limit:
+        raise DataError(f"{describe(flag, path)}: larger than {limit >> 20} MiB; not a {what}")
+    return data

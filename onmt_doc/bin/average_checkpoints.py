@@ -39,14 +39,25 @@ def _main(argv: Optional[list[str]] = None) -> int:
         raise UserError("give -models or a -run_dir with step_N.pt checkpoints")
     inputs = [("-models", path) for path in paths]
     refuse_inputs(args.output, inputs)
-    if args.run_dir:  # a new file among a run's own checkpoints would be taken for one of them
-        refuse_inputs(
-            args.output, [("run folder's", p) for p in glob.glob(os.path.join(args.run_dir, "checkpoints", "*.pt"))]
-        )
+    _refuse_training_name(args.output)
     check_writable_target(args.output, make_folder=True)
     save_checkpoint(average_checkpoints(paths), args.output)
     print(f"averaged {len(paths)} checkpoints into {args.output}", file=sys.stderr)
     return 0
+
+
+TRAINING_NAME = re.compile(r"^(step_\d+|last|best)\.pt$")
+
+
+def _refuse_training_name(output: str) -> None:
+    """An average named like a training checkpoint inside a run's ``checkpoints/`` would be taken
+    for one: resumed from (no training state), or counted and deleted by ``train.keep_last``."""
+    real = os.path.realpath(output)
+    if os.path.basename(os.path.dirname(real)) == "checkpoints" and TRAINING_NAME.match(os.path.basename(real)):
+        raise UserError(
+            f"-output {output} would be taken for one of the run's own training checkpoints "
+            f"(resume, train.keep_last); give it another name, e.g. {os.path.join(os.path.dirname(output), 'avg.pt')}"
+        )
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -19,6 +19,8 @@ def run(main: Callable[[Optional[list[str]]], int], argv: Optional[list[str]] = 
     """Run a command: a user mistake, a full disk or a closed output is one line on stderr and a
     non-zero exit status, never a traceback."""
     prog = os.path.basename(sys.argv[0]) or "onmt_doc"
+    if sys.stdout is None:  # started with stdout closed (>&-): printing results must fail, not vanish
+        sys.stdout = ClosedStdout()
     try:
         return main(argv) or 0
     except UserError as e:
@@ -35,7 +37,29 @@ def run(main: Callable[[Optional[list[str]]], int], argv: Optional[list[str]] = 
         where = f" ({e.filename})" if e.filename else " (while writing the output)"
         return _fail(prog, f"{e.strerror or e}{where}")
     except MemoryError:
-        return _fail(prog, "out of memory; use smaller batches (batch_tokens) or a smaller model")
+        return _fail(prog, OUT_OF_MEMORY)
+    except RuntimeError as e:  # torch reports a failed allocation as a RuntimeError (OutOfMemoryError on CUDA)
+        if not any(marker in str(e) for marker in ALLOCATION_FAILURES):
+            raise
+        return _fail(prog, f"{OUT_OF_MEMORY} ({str(e).splitlines()[0][:160]})")
+
+
+OUT_OF_MEMORY = "out of memory; use smaller batches (batch_tokens), a shorter input or a smaller model"
+ALLOCATION_FAILURES = ("can't allocate memory", "CUDA out of memory", "out of memory", "DefaultCPUAllocator")
+
+
+class ClosedStdout:
+    """What ``sys.stdout`` is when the command was started without one: a write is a one-line
+    error instead of output that silently goes nowhere (``print`` ignores a ``None`` stdout)."""
+
+    closed = True
+
+    def write(self, text: str) -> int:
+        """Refuse: the results would be lost."""
+        raise UserError("standard output is closed (>&-); the results printed there would be lost")
+
+    def flush(self) -> None:
+        """Nothing to flush."""
 
 
 def _fail(prog: str, message: str) -> int:

@@ -23,13 +23,17 @@ PROG = "onmt_doc_make_toy_corpus"
 SUITE_FILES = ("test.contrastive.json", "test.contrastive.tsv")
 
 
+# the generator holds a split in memory (~1 KB a document): 10 million documents is ~10 GB
+MAX_DOCS = 10_000_000
+
+
 def _non_negative_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    if not 0 <= value <= MAX_DOCS:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, {MAX_DOCS:,}], got {value}")
     return value
 
 

@@ -58,6 +58,7 @@ from onmt_doc.models.checkpoint import archive_problem, is_zip, save_checkpoint
 from onmt_doc.models.model import EncoderDecoder
 from onmt_doc.modules.attention import MultiHeadAttention
 from onmt_doc.modules.embeddings import sinusoid_table
+from onmt_doc.outputs import check_readable_file, read_input_bytes
 
 # OpenNMT-py 3.x DefaultTokens (onmt/constants.py)
 ONMT_PAD, ONMT_UNK, ONMT_BOS, ONMT_EOS, ONMT_MASK = "<blank>", "<unk>", "<s>", "</s>", "<mask>"
@@ -65,14 +66,14 @@ ONMT_SPECIALS = (ONMT_PAD, ONMT_UNK, ONMT_BOS, ONMT_EOS, ONMT_MASK)
 # our row -> the OpenNMT-py token whose row it takes
 ROW_SOURCE = {PAD: ONMT_PAD, UNK: ONMT_UNK, SOS: ONMT_BOS, EOS_SENT: ONMT_EOS, BOS: ONMT_BOS, EOS: ONMT_EOS}
 NEVER_OFFSET = 30.0  # logit offset of <bos>/<mask>: exp(-30) ≈ 1e-13 of the <s> or <unk> row they copy
+SUBWORD_BYTES = 256 << 20  # the largest subword model read (real ones are a few MB)
 SAFE_GLOBALS = [argparse.Namespace]  # the only class an OpenNMT-py 3.x checkpoint pickles besides tensors
 
 
 def load_opennmt_checkpoint(path: str) -> dict:
     """The checkpoint dict, read with ``weights_only=True`` plus ``argparse.Namespace`` (its options),
     after checking the CRC-32 of every record of its zip archive (``torch.load`` does not)."""
-    if not os.path.isfile(path):
-        raise UserError(f"{path}: checkpoint not found")
+    check_readable_file(path, "-model")
     try:
         problem = archive_problem(path) if is_zip(path) else None  # older torch wrote no zip: nothing to check
     except OSError as e:
@@ -368,11 +369,12 @@ def import_opennmt(
         if path is None:  # no subword model at all, or the target side shares the source's
             subwords.append(subwords[0] if subwords else Subword("none", tokenizer))
             continue
+        data = read_input_bytes(path, flag, limit=SUBWORD_BYTES, what=f"{subword} model")
+        problem = Subword.model_problem(subword, data)
+        if problem:
+            raise UserError(f"{flag}: {path} is not a {subword} model ({problem})")
         try:
-            with open(path, "rb") as f:
-                subwords.append(Subword(subword, tokenizer, f.read()))
-        except OSError as e:
-            raise UserError(f"{flag}: cannot read {path} ({e.strerror})") from None
+            subwords.append(Subword(subword, tokenizer, data))
         except Exception as e:  # pyonmttok rejects a file that is not a model of this kind
             raise UserError(f"{flag}: {path} is not a {subword} model ({str(e).splitlines()[0][:120]})") from None
     payload = convert(load_opennmt_checkpoint(checkpoint), subwords[0], subwords[1], markup)

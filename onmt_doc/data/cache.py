@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from typing import Optional
 
@@ -16,6 +17,8 @@ import numpy as np
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import read_parallel
 from onmt_doc.outputs import output_file
+
+log = logging.getLogger("onmt_doc")
 
 TokenizedDocs = list[list[tuple[np.ndarray, np.ndarray]]]
 
@@ -55,6 +58,16 @@ def _split(flat: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
     return [flat[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]
 
 
+def _read_cache(path: str) -> Optional[tuple[list, list, np.ndarray]]:
+    """A binarized corpus, or None when the file is damaged (it is then binarized again)."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return _split(z["src"], z["src_offsets"]), _split(z["tgt"], z["tgt_offsets"]), z["doc_offsets"]
+    except Exception as e:  # a cut or damaged .npz fails anywhere in zipfile/numpy
+        log.warning("%s: unreadable binarized cache (%s); binarizing the corpus again", path, type(e).__name__)
+        return None
+
+
 def load_tokenized(
     src: str, tgt: str, codec: Codec, documents: bool, max_chars: int, cache_dir: Optional[str]
 ) -> tuple[TokenizedDocs, bool]:
@@ -62,11 +75,9 @@ def load_tokenized(
     path = None
     if cache_dir:
         path = os.path.join(cache_dir, cache_key(src, tgt, codec, documents) + ".npz")
-        if os.path.exists(path):
-            with np.load(path) as z:
-                src_ids = _split(z["src"], z["src_offsets"])
-                tgt_ids = _split(z["tgt"], z["tgt_offsets"])
-                doc_offsets = z["doc_offsets"]
+        cached = _read_cache(path) if os.path.exists(path) else None
+        if cached is not None:
+            src_ids, tgt_ids, doc_offsets = cached
             docs = [list(zip(src_ids[a:b], tgt_ids[a:b])) for a, b in zip(doc_offsets[:-1], doc_offsets[1:])]
             return docs, True
     text_docs = read_parallel(src, tgt, documents, max_chars)

@@ -62,7 +62,7 @@ def _stdin() -> IO[bytes]:
     return sys.stdin.buffer
 
 
-def _bounded_lines(stream: IO[bytes], name: str, max_chars: int) -> Iterator[bytes]:
+def bounded_lines(stream: IO[bytes], name: str, max_chars: int) -> Iterator[bytes]:
     """The raw lines of ``stream``, each read with a bound (4 bytes per allowed character, at
     most ``MAX_LINE_BYTES``), so one endless line cannot exhaust memory."""
     limit = min(4 * max_chars + 2, MAX_LINE_BYTES) if max_chars else MAX_LINE_BYTES
@@ -88,7 +88,7 @@ def iter_lines(path: str, max_chars: int = 0, stream: Optional[IO[bytes]] = None
         stream = _stdin() if path == "-" else open_input(path)
     blank_like, first_blank_like = 0, 0
     try:
-        for number, raw in enumerate(_bounded_lines(stream, name, max_chars), 1):
+        for number, raw in enumerate(bounded_lines(stream, name, max_chars), 1):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:

@@ -43,7 +43,7 @@ from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import iter_parallel
 from onmt_doc.data.fields import FieldContext, register_field
 from onmt_doc.errors import ConfigError, UserError
-from onmt_doc.outputs import Input, output_file
+from onmt_doc.outputs import Input, input_problem, output_file
 
 if TYPE_CHECKING:
     from onmt_doc.data.instances import Example
@@ -270,14 +270,18 @@ class PMITable:
     def load(cls, path: str, codec: Optional[Codec] = None, normaliser: Normaliser = "shared") -> "PMITable":
         """The table at ``path`` computing PMI with ``normaliser``; with ``codec``, refused unless
         built with its vocabularies."""
-        if not os.path.isfile(path):
+        problem = input_problem(path)
+        if problem == "file not found":
             raise UserError(f"{path}: PMI table not found (build it with onmt_doc_build_pmi_table)")
+        if problem:
+            raise UserError(f"{path}: {problem}")
         try:
             with np.load(path, allow_pickle=False) as z:
                 meta = json.loads(str(z["meta"]))
                 arrays = {name: z[name] for name in _ARRAYS}
-        except (OSError, ValueError, KeyError) as e:
-            raise UserError(f"{path}: not a PMI table of onmt_doc_build_pmi_table ({str(e)[:120]})") from None
+        except Exception as e:  # an empty, cut or damaged file fails anywhere in zipfile/numpy (EOFError, BadZipFile…)
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
+            raise UserError(f"{path}: not a PMI table of onmt_doc_build_pmi_table ({reason})") from None
         if meta.get("format", 0) > TABLE_FORMAT:
             raise UserError(f"{path}: PMI table format {meta['format']} is newer than this onmt_doc reads")
         table = cls(
@@ -402,10 +406,14 @@ def _ids_digest(h: "hashlib._Hash", seqs: Sequence[np.ndarray]) -> None:
 def _read_z_cache(path: str, normaliser: str) -> Optional[list[np.ndarray]]:
     """Cached z*, or None (recompute) when the file records another normaliser or none (a cache
     written before the normaliser was a choice: per-scenario Z)."""
-    with np.load(path) as f:
-        if "normaliser" not in f.files or str(f["normaliser"]) != normaliser:
-            return None
-        flat, lengths = f["z"], f["lengths"]
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            if "normaliser" not in f.files or str(f["normaliser"]) != normaliser:
+                return None
+            flat, lengths = f["z"], f["lengths"]
+    except Exception as e:  # a damaged cache file is recomputed, not a failed run
+        log.warning("%s: unreadable z* cache (%s); computing z* again", path, type(e).__name__)
+        return None
     return np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
 
 

@@ -53,8 +53,9 @@ def train_corpora(cfg: Config) -> list[CorpusConfig]:
 
 
 def check_corpus_files(cfg: Config) -> None:
-    """Every training and validation file is a readable file: checked before any slow work, so a
-    misspelt validation file is not found only after the subword model is learned."""
+    """Every training and validation file is a readable regular file: checked before any slow work,
+    so a misspelt validation file is not found only after the subword model is learned. A device or
+    a pipe is refused: training reads its corpora several times (the cache key hashes them first)."""
     for split in ("train", "valid"):
         single = isinstance(getattr(cfg.data, split), CorpusConfig)
         for c in cfg.data.corpora(split):
@@ -62,6 +63,8 @@ def check_corpus_files(cfg: Config) -> None:
             for side in ("src", "tgt"):
                 path = getattr(c, side)
                 problem = input_problem(path) if path else None
+                if path and not problem and not os.path.isfile(path):
+                    problem = "is not a regular file (a device or a pipe); training reads its corpora more than once"
                 if problem:
                     raise ConfigError(f"{where}.{side}: {path}: {problem}")
 

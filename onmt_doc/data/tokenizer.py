@@ -63,6 +63,21 @@ class Subword:
         """Inverse of :meth:`to_dict`."""
         return cls(d["kind"], d["mode"], d["model"])
 
+    @staticmethod
+    def model_problem(kind: str, data: bytes) -> Optional[str]:
+        """Why ``data`` is not a ``kind`` model (None if it may be): pyonmttok takes almost any
+        bytes as BPE merges, so a wrong file would tokenize silently into nonsense."""
+        if kind != "bpe":
+            return None  # SentencePiece's own parser refuses what is not its protobuf
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return f"not UTF-8 text at byte {e.start}"
+        for number, line in enumerate(text.splitlines(), 1):
+            if line and not line.startswith("#") and len(line.split(" ")) != 2:
+                return f"line {number} is not a merge of two symbols"
+        return None
+
     def save(self, path: str) -> None:
         """Write the raw subword model (usable by other pyonmttok/SentencePiece tools)."""
         if self.model is not None:

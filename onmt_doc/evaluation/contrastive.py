@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Iterable, Iterator, Optional, Sequence
 
 from onmt_doc.errors import DataError, UserError
+from onmt_doc.outputs import check_readable_file
 
 if TYPE_CHECKING:
     from onmt_doc.translate.translator import Translator
@@ -61,11 +62,41 @@ class ContrastiveItem:
 
 
 # ---------------------------------------------------------------------------------- reading
-def _open(path: str) -> IO[str]:
+def _open(path: str) -> "_BoundedText":
+    check_readable_file(path)
     try:
-        return open(path, encoding="utf-8")
+        return _BoundedText(open(path, encoding="utf-8"), path)
     except OSError as e:
         raise UserError(f"{path}: cannot read the suite ({e.strerror})") from None
+
+
+class _BoundedText:
+    """A suite file whose lines are read with a bound (``MAX_ITEM_CHARS``): a file with no line
+    end (``/dev/zero``) is an error, not all the memory there is."""
+
+    def __init__(self, f: IO[str], path: str) -> None:
+        self.f, self.path, self.number = f, path, 0
+
+    def __enter__(self) -> "_BoundedText":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.f.close()
+
+    def read(self, n: int) -> str:
+        """Up to ``n`` characters (the JSON reader's chunks)."""
+        return self.f.read(n)
+
+    def readline(self) -> str:
+        """The next line ('' at the end), refused past the bound."""
+        line = self.f.readline(MAX_ITEM_CHARS + 1)
+        self.number += bool(line)
+        if len(line) > MAX_ITEM_CHARS:
+            raise DataError(f"{self.path}:{self.number}: line longer than {MAX_ITEM_CHARS >> 20} Mi characters")
+        return line
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.readline, "")
 
 
 def detect_format(path: str) -> str:
@@ -142,6 +173,10 @@ def _tsv_header(path: str, names: list[str]) -> list[str]:
     return names
 
 
+# the longest suite item read (items are a few KB; this stops /dev/zero and files that are not JSON)
+MAX_ITEM_CHARS = 64 << 20
+
+
 def _json_objects(path: str, chunk_chars: int = 1 << 16) -> Iterator[tuple[int, object]]:
     """(line, value) of each top-level value of a JSON array or of a JSON Lines file, decoded
     incrementally so that a large suite is never held in memory at once."""
@@ -174,12 +209,19 @@ def _json_objects(path: str, chunk_chars: int = 1 << 16) -> Iterator[tuple[int, 
                     value, end = decoder.raw_decode(buf, pos)
                 except ValueError as e:
                     err = e
+                except RecursionError:
+                    raise DataError(f"{path}:{line}: JSON nested too deeply to be a suite item") from None
                 # a value ending at the buffer's end (a number) may continue in the next chunk
                 if err is None and (end < len(buf) or done):
                     break
                 if done:
                     where = line + buf.count("\n", pos, getattr(err, "pos", pos))
                     raise DataError(f"{path}:{where}: invalid JSON ({getattr(err, 'msg', err)})")
+                if len(buf) - pos > MAX_ITEM_CHARS:
+                    raise DataError(
+                        f"{path}:{line}: no complete JSON value in {MAX_ITEM_CHARS >> 20} Mi characters; "
+                        f"is this a JSON suite?"
+                    )
                 more = f.read(chunk_chars)
                 buf += more
                 done = not more

@@ -20,6 +20,7 @@ import re
 from collections import Counter
 from typing import Optional, Sequence
 
+from onmt_doc.data.corpus import iter_lines
 from onmt_doc.errors import DataError, UserError
 from onmt_doc.evaluation.corpus_metrics import report
 
@@ -42,11 +43,7 @@ def words(text: str) -> list[str]:
 def pronoun_list(lang: str, path: Optional[str] = None) -> frozenset[str]:
     """The pronoun forms of a target language, built in or from a file (one form a line)."""
     if path:
-        try:
-            with open(path, encoding="utf-8") as f:
-                forms = frozenset(w for line in f for w in words(line))
-        except OSError as e:
-            raise UserError(f"{path}: cannot read the pronoun list ({e.strerror})") from None
+        forms = frozenset(w for line in iter_lines(path) for w in words(line))
         if not forms:
             raise DataError(f"{path}: the pronoun list is empty")
         return forms
@@ -102,17 +99,13 @@ def induce_lexicon(
 def read_lexicon(path: str) -> dict[str, list[str]]:
     """A ``source<TAB>target`` lexicon, several lines per source word allowed."""
     lexicon: dict[str, list[str]] = {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                parts = line.rstrip("\r\n").split("\t")
-                if len(parts) != 2 or not words(parts[0]) or not words(parts[1]):
-                    raise DataError(f"{path}:{number}: expected 'source<TAB>target', got {line.strip()!r}")
-                lexicon.setdefault(parts[0].strip().lower(), []).append(parts[1].strip().lower())
-    except OSError as e:
-        raise UserError(f"{path}: cannot read the lexicon ({e.strerror})") from None
+    for number, line in enumerate(iter_lines(path), 1):  # bounded lines, UTF-8 errors named by line
+        if not line:
+            continue
+        parts = line.split("\t")
+        if len(parts) != 2 or not words(parts[0]) or not words(parts[1]):
+            raise DataError(f"{path}:{number}: expected 'source<TAB>target', got {line!r:.80}")
+        lexicon.setdefault(parts[0].strip().lower(), []).append(parts[1].strip().lower())
     return lexicon
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from onmt_doc.data.corpus import bounded_lines
 from onmt_doc.errors import DataError
 from onmt_doc.outputs import open_input
 from onmt_doc.toy.corpus import ALL_PRONOUN_FORMS
@@ -17,18 +18,14 @@ __all__ = ["read_ctx", "score_context"]
 
 def _read_lines(path: Path) -> list[str]:
     """Lines of a UTF-8 file, split on '\\n' only (not on Unicode separators)."""
+    lines = []
     with open_input(path) as f:
-        data = f.read()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: invalid UTF-8 at byte {e.start}") from None
-    if not text:
-        return []
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    return [line.rstrip("\r") for line in lines]
+        for number, raw in enumerate(bounded_lines(f, str(path), 0), 1):
+            try:
+                lines.append(raw.decode("utf-8").rstrip("\n").rstrip("\r"))
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{number}: invalid UTF-8 at byte {e.start}") from None
+    return lines
 
 
 def read_ctx(ctx_path: str | Path) -> list[tuple[int, int, str]]:

@@ -170,6 +170,9 @@ def build_spec(model: EncoderDecoder, codec: Codec, max_positions: int) -> Any:
     return spec
 
 
+MAX_POSITIONS = 65536  # a position table beyond this is memory, not a use: no sentence is this long
+
+
 def export_ctranslate2(
     checkpoint: str, output: str, quantization: Optional[str] = None, force: bool = False, max_positions: int = 1024
 ) -> dict:
@@ -177,8 +180,8 @@ def export_ctranslate2(
     tokenization settings (``onmt_doc_export.json``) and a README; returns the settings."""
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise UserError(f"-quantization must be one of {', '.join(QUANTIZATIONS)} (got {quantization!r})")
-    if max_positions < 2:
-        raise UserError(f"-max_positions must be at least 2 (got {max_positions})")
+    if not 2 <= max_positions <= MAX_POSITIONS:
+        raise UserError(f"-max_positions must be in [2, {MAX_POSITIONS}] (got {max_positions})")
     with output_folder(output, [("-model", checkpoint)], force=force) as folder:
         model, cfg, codec = load_model(checkpoint)
         spec = build_spec(model, codec, max_positions)

@@ -30,7 +30,7 @@ from onmt_doc.data.codec import Codec
 from onmt_doc.errors import UserError
 from onmt_doc.models.builder import build_model
 from onmt_doc.models.model import EncoderDecoder
-from onmt_doc.outputs import Input, output_file
+from onmt_doc.outputs import Input, input_problem, output_file
 
 log = logging.getLogger("onmt_doc")
 
@@ -165,8 +165,11 @@ def verify_checkpoint(path: str) -> None:
 def load_checkpoint(path: str) -> dict:
     """The checkpoint dict, verified (:func:`verify_checkpoint`) then loaded with ``weights_only``;
     a missing, damaged or too-new file is a one-line ``UserError``."""
+    problem = input_problem(path)
+    if problem:
+        raise UserError(f"{path}: {'checkpoint not found' if problem == 'file not found' else problem}")
     if not os.path.isfile(path):
-        raise UserError(f"{path}: checkpoint not found")
+        raise UserError(f"{path}: not a regular file (a device or a pipe); give a checkpoint file")
     try:
         verify_checkpoint(path)
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
@@ -193,7 +196,11 @@ def model_from_checkpoint(
     cfg = config_from_dict(ckpt["config"], f"{path} (stored config)")
     codec = Codec.from_dict(ckpt["codec"])
     model = build_model(cfg.model, codec)
-    missing, unexpected = model.load_state_dict(ckpt["model"], strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(ckpt["model"], strict=False)
+    except RuntimeError as e:  # torch lists every tensor whose shape differs
+        first = next((line.strip() for line in str(e).splitlines() if "size mismatch" in line), _reason(e))
+        raise UserError(f"{path}: weights do not match the stored config ({first[:200]})") from None
     if missing or unexpected:
         raise UserError(
             f"{path}: weights do not match the stored config (missing {missing[:3]}, unexpected {unexpected[:3]})"
@@ -214,6 +221,7 @@ def average_checkpoints(paths: list[str]) -> dict:
     if not paths:
         raise UserError("no checkpoints to average")
     first = load_checkpoint(paths[0])
+    model_from_checkpoint(first, paths[0])  # its weights fit its config (an average cannot repair them)
     total = {k: v.double() if v.is_floating_point() else v for k, v in first["model"].items()}
     for path in paths[1:]:
         ckpt = load_checkpoint(path)
