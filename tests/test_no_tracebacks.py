@@ -187,3 +187,120 @@ def test_a_missing_validation_file_is_found_before_learning_subwords(toy_dir, tm
     config = write_config(cfg, tmp_path / "c.yaml")
     one_line_error(run([*BUILD_VOCAB, "-config", str(config)]), "data.valid.tgt", "missing.tgt", "not found")
     assert not (run_dir / "subword.model").exists() and not (run_dir / "vocab.txt").exists()
+
+
+# ----------------------------------------------------------------------------- found by the hostile review
+
+
+def test_dev_stdout_appended_to_a_file_keeps_what_the_file_held(src, tmp_path):
+    """``-json /dev/stdout >> log.txt``: /dev/stdout resolves to log.txt itself; renaming a new file
+    over it erased the log. It is written through the open descriptor instead."""
+    log = tmp_path / "log.txt"
+    log.write_text("earlier lines\n", encoding="utf-8")
+    with open(log, "ab") as out:
+        proc = run([*EVALUATE, "-hyp", str(src), "-ref", str(src), "-json", "/dev/stdout"], stdout=out)
+    assert proc.returncode == 0, proc.stderr
+    text = log.read_text(encoding="utf-8")
+    assert text.startswith("earlier lines\n") and '"bleu"' in text
+
+
+def test_results_printed_to_a_closed_stdout_are_an_error(src):
+    one_line_error(run([*EVALUATE, "-hyp", str(src), "-ref", str(src)], stdout=None, preexec_fn=_close_stdout), ">&-")
+
+
+def test_inputs_that_are_devices_or_folders_or_garbage(model, src, tmp_path, toy_dir):
+    """Each reader reports what is wrong with its input in one line, within a memory cap."""
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    garbage = tmp_path / "garbage"
+    garbage.write_bytes(os.urandom(4096))
+    empty = tmp_path / "empty.npz"
+    empty.write_bytes(b"")
+    lexicon = tmp_path / "lexicon.tsv"
+    lexicon.write_bytes(b"house\tHaus\nbad\t\xff\n")
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("train: " + "[" * 100_000 + "\n", encoding="utf-8")
+    train = module_cmd("onmt_doc.bin.train")
+    config = write_config(tiny_config(toy_dir, tmp_path / "run"), tmp_path / "c.yaml")
+    cases = [
+        ([*train, "-config", "/dev/zero"], "larger than"),
+        ([*train, "-config", str(folder)], "is a directory"),
+        ([*train, "-config", str(deep)], "nested too deeply"),
+        ([*train, "-config", str(config), "data.valid.src=/dev/zero"], "not a regular file"),
+        ([*train, "-config", str(config), "vocab.size=1000000000000"], "vocab.size"),
+        ([*TRANSLATE, "-model", str(folder), "-src", str(src)], "is a directory"),
+        ([*EVALUATE, "-hyp", str(src), "-ref", str(src), "-lexicon", str(lexicon)], "lexicon.tsv:2"),
+        ([*EVALUATE, "-model", model, "-suite", "/dev/zero"], "/dev/zero"),
+        ([*module_cmd("onmt_doc.bin.make_toy_corpus"), "score", "--hyp", "/dev/zero", "--ctx", "/dev/zero"], "line"),
+        (
+            [
+                *module_cmd("onmt_doc.bin.make_toy_corpus"),
+                "--out",
+                str(tmp_path / "t"),
+                "--train-docs",
+                "1000000000000",
+            ],
+            "10,000,000",
+        ),
+        (
+            [*module_cmd("onmt_doc.bin.gate_analysis"), "-model", model, "-src", str(src), "-tgt", str(src)]
+            + ["-table", str(empty)],
+            "not a PMI table",
+        ),
+    ]
+    for args, needle in cases:
+        one_line_error(run(args, preexec_fn=_memory_cap), needle)
+
+
+def test_a_subword_model_that_is_not_one_is_refused_by_the_importer(tmp_path):
+    from test_import_opennmt import _opt, _state, _write
+
+    sd, gen = _state(True, True, False)
+    ckpt = _write(tmp_path / "onmt.pt", sd, gen, _opt(share_embeddings=True, share_decoder_embeddings=True))
+    garbage = tmp_path / "random.model"
+    garbage.write_bytes(os.urandom(4096))
+    importer = [*module_cmd("onmt_doc.bin.import_opennmt"), "-model", str(ckpt), "-output", str(tmp_path / "m.pt")]
+    one_line_error(run([*importer, "-src_subword_model", str(garbage)]), "is not a bpe model")
+    one_line_error(run([*importer, "-src_subword_model", "/dev/zero"], preexec_fn=_memory_cap), "larger than")
+    assert not (tmp_path / "m.pt").exists()
+
+
+def test_a_checkpoint_whose_weights_do_not_fit_its_config(trained_run, src, tmp_path):
+    """Valid checksums, a stored config of another width: one line in the commands and the API,
+    and averaging refuses it instead of writing a broken average."""
+    import torch
+
+    from onmt_doc import Translator
+    from onmt_doc.errors import UserError
+    from onmt_doc.models.checkpoint import load_checkpoint, save_checkpoint
+
+    ckpt = load_checkpoint(str(trained_run / "checkpoints" / "last.pt"))
+    ckpt["config"]["model"]["d_model"] = 32
+    ckpt.pop("format_version")
+    bad = tmp_path / "bad.pt"
+    save_checkpoint(ckpt, str(bad))
+    one_line_error(translate(str(bad), str(src)), "weights do not match the stored config", "size mismatch")
+    with pytest.raises(UserError, match="weights do not match"):
+        Translator.load(str(bad))
+    average = module_cmd("onmt_doc.bin.average_checkpoints")
+    good = str(trained_run / "checkpoints" / "last.pt")
+    one_line_error(run([*average, "-models", str(bad), good, "-output", str(tmp_path / "avg.pt")]), "do not match")
+    assert not (tmp_path / "avg.pt").exists()
+    (tmp_path / "checkpoints").mkdir()
+    out = tmp_path / "checkpoints" / "step_99.pt"
+    one_line_error(run([*average, "-models", good, good, "-output", str(out)]), "training checkpoints")
+    assert not out.exists() and torch.load(good, weights_only=True)
+
+
+def test_a_damaged_binarized_cache_is_binarized_again(toy_dir, tmp_path, warnings_of_onmt_doc):
+    from onmt_doc.config import config_from_dict
+    from onmt_doc.data.prepare import build_codec, load_examples
+
+    cfg = config_from_dict(tiny_config(toy_dir, tmp_path / "run"))
+    codec = build_codec(cfg, cfg.log.dir)
+    first, _ = load_examples(cfg, codec, cfg.data.train.src, cfg.data.train.tgt, "sentence", cfg.log.dir)
+    (cache,) = (tmp_path / "run" / "cache").glob("*.npz")
+    cache.write_bytes(cache.read_bytes()[:1000])
+    again, _ = load_examples(cfg, codec, cfg.data.train.src, cfg.data.train.tgt, "sentence", cfg.log.dir)
+    assert [e.src.tolist() for e in again] == [e.src.tolist() for e in first]
+    assert "unreadable binarized cache" in warnings_of_onmt_doc.text
