@@ -208,48 +208,45 @@ def test_results_printed_to_a_closed_stdout_are_an_error(src):
     one_line_error(run([*EVALUATE, "-hyp", str(src), "-ref", str(src)], stdout=None, preexec_fn=_close_stdout), ">&-")
 
 
-def test_inputs_that_are_devices_or_folders_or_garbage(model, src, tmp_path, toy_dir):
-    """Each reader reports what is wrong with its input in one line, within a memory cap."""
+def test_inputs_that_are_devices_or_folders_or_garbage(model, src, tmp_path, toy_dir, capsys):
+    """Each reader reports what is wrong with its input in one line; those reading a device run in
+    their own process under a memory cap, the others in this one (through ``main``)."""
+    from onmt_doc.bin import evaluate, gate_analysis, make_toy_corpus, train, translate
+
     folder = tmp_path / "folder"
     folder.mkdir()
-    garbage = tmp_path / "garbage"
-    garbage.write_bytes(os.urandom(4096))
     empty = tmp_path / "empty.npz"
     empty.write_bytes(b"")
     lexicon = tmp_path / "lexicon.tsv"
     lexicon.write_bytes(b"house\tHaus\nbad\t\xff\n")
     deep = tmp_path / "deep.yaml"
     deep.write_text("train: " + "[" * 100_000 + "\n", encoding="utf-8")
-    train = module_cmd("onmt_doc.bin.train")
     config = write_config(tiny_config(toy_dir, tmp_path / "run"), tmp_path / "c.yaml")
-    cases = [
-        ([*train, "-config", "/dev/zero"], "larger than"),
-        ([*train, "-config", str(folder)], "is a directory"),
-        ([*train, "-config", str(deep)], "nested too deeply"),
-        ([*train, "-config", str(config), "data.valid.src=/dev/zero"], "not a regular file"),
-        ([*train, "-config", str(config), "vocab.size=1000000000000"], "vocab.size"),
-        ([*TRANSLATE, "-model", str(folder), "-src", str(src)], "is a directory"),
-        ([*EVALUATE, "-hyp", str(src), "-ref", str(src), "-lexicon", str(lexicon)], "lexicon.tsv:2"),
+    devices = [
+        ([*module_cmd("onmt_doc.bin.train"), "-config", "/dev/zero"], "larger than"),
         ([*EVALUATE, "-model", model, "-suite", "/dev/zero"], "/dev/zero"),
         ([*module_cmd("onmt_doc.bin.make_toy_corpus"), "score", "--hyp", "/dev/zero", "--ctx", "/dev/zero"], "line"),
+    ]
+    for args, needle in devices:
+        one_line_error(run(args, preexec_fn=_memory_cap), needle)
+    in_process = [
+        (train.main, ["-config", str(folder)], "is a directory"),
+        (train.main, ["-config", str(deep)], "nested too deeply"),
+        (train.main, ["-config", str(config), "data.valid.src=/dev/zero"], "not a regular file"),
+        (train.main, ["-config", str(config), "vocab.size=1000000000000"], "vocab.size"),
+        (translate.main, ["-model", str(folder), "-src", str(src)], "is a directory"),
+        (evaluate.main, ["-hyp", str(src), "-ref", str(src), "-lexicon", str(lexicon)], "lexicon.tsv:2"),
+        (make_toy_corpus.main, ["--out", str(tmp_path / "t"), "--train-docs", "1000000000000"], "10,000,000"),
         (
-            [
-                *module_cmd("onmt_doc.bin.make_toy_corpus"),
-                "--out",
-                str(tmp_path / "t"),
-                "--train-docs",
-                "1000000000000",
-            ],
-            "10,000,000",
-        ),
-        (
-            [*module_cmd("onmt_doc.bin.gate_analysis"), "-model", model, "-src", str(src), "-tgt", str(src)]
-            + ["-table", str(empty)],
+            gate_analysis.main,
+            ["-model", model, "-src", str(src), "-tgt", str(src), "-table", str(empty)],
             "not a PMI table",
         ),
     ]
-    for args, needle in cases:
-        one_line_error(run(args, preexec_fn=_memory_cap), needle)
+    for command, args, needle in in_process:
+        status = command(args)
+        err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("[")]
+        assert status == 1 and len(err) == 1 and needle in err[0], (args, err)
 
 
 def test_a_subword_model_that_is_not_one_is_refused_by_the_importer(tmp_path):
