@@ -66,8 +66,8 @@ def main() -> int:
         help="extra config overrides for every system (ablations, e.g. model.encoder.doc_layers=2)",
     )
     args = p.parse_args()
-    from onmt_doc.evaluation.toy_pronouns import score_context
     from onmt_doc.toy.corpus import write_corpus
+    from onmt_doc.toy.pronoun_scoring import score_context
 
     out = os.path.abspath(args.out)
     data = os.path.join(out, "data")

@@ -443,11 +443,10 @@ class ModelConfig:
         """A chosen ``unit`` must be registered and fit the parts (``check_unit``); the parameters
         must fit in memory (``check_model_size``)."""
         check_model_size(self, path)
-        if self.unit is not None:
-            from onmt_doc.data.instances import check_unit  # lazy: the data layer imports no config
-
+        if self.unit is not None:  # units live in the data layer: reached through their registry, like parts
             sections = (("encoder", self.encoder), ("decoder", self.decoder))
-            check_unit(self.unit, {registry_for(k).get(c.type).cls.unit for k, c in sections}, f"{path}.unit")
+            part_units = {registry_for(k).get(c.type).cls.unit for k, c in sections}
+            registry_for("unit").get(self.unit, f"{path}.unit").cls.check_parts(self.unit, part_units, f"{path}.unit")
 
 
 @dataclass

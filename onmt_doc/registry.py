@@ -22,6 +22,7 @@ _REGISTRY_MODULES = {
     "loss": "onmt_doc.losses",
     "optimizer": "onmt_doc.optim.optimizers",
     "schedule": "onmt_doc.optim.schedules",
+    "unit": "onmt_doc.data.instances",
 }
 
 

@@ -202,8 +202,8 @@ def test_small_k_to_1_transformer_learns_the_context_dependent_pronouns(toy_dir,
     Measured with context / alone on 150 test documents after 800 steps: 57% / 29%, 1000: 98% /
     17%, 1200 (this test's steps): 99% / 21%; the bar, 60%, is far above any sentence-level model and 400 steps of
     slower convergence away from failing."""
-    from onmt_doc.evaluation.toy_pronouns import score_context
     from onmt_doc.toy.corpus import write_corpus
+    from onmt_doc.toy.pronoun_scoring import score_context
 
     cfg = tiny_config(
         toy_dir,

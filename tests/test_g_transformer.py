@@ -406,7 +406,7 @@ def test_small_g_transformer_learns_the_context_dependent_pronouns(toy_dir, tmp_
     toy corpus (docs/benchmarks.md measures it); the G-Transformer must get well over that. This
     short run reaches 0.72-0.85 depending on the CPU's float rounding, so the bar is 0.6: far
     above any sentence-level model, without failing on a slower-converging machine."""
-    from onmt_doc.evaluation.toy_pronouns import score_context
+    from onmt_doc.toy.pronoun_scoring import score_context
 
     cfg = tiny_config(
         toy_dir,

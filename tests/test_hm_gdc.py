@@ -465,8 +465,8 @@ def test_small_hm_gdc_learns_context_dependent_pronouns_a_sentence_model_cannot(
     HM-GDC (own_sentence: each word reads its own slot of the document encoder) must be far above
     it, and the same model with every sentence alone (windows of one sentence) back at chance: the
     gain comes from the other sentences."""
-    from onmt_doc.evaluation.toy_pronouns import score_context
     from onmt_doc.toy.corpus import write_corpus
+    from onmt_doc.toy.pronoun_scoring import score_context
 
     data = tmp_path / "test"
     write_corpus(data, seed=11, train_docs=1, valid_docs=1, test_docs=300)

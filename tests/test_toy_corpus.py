@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from onmt_doc.errors import DataError
-from onmt_doc.evaluation.toy_pronouns import score_context
 from onmt_doc.toy.corpus import write_corpus
+from onmt_doc.toy.pronoun_scoring import score_context
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TOOL = REPO_ROOT / "tools" / "make_toy_corpus.py"

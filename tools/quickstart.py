@@ -35,8 +35,8 @@ def _main(argv=None) -> int:
     args = p.parse_args(argv)
 
     from onmt_doc.bin import train, translate
-    from onmt_doc.evaluation.toy_pronouns import score_context
     from onmt_doc.toy.corpus import write_corpus
+    from onmt_doc.toy.pronoun_scoring import score_context
 
     data = os.path.join(args.out, "data")
     for name in ("steps", "train_docs", "eval_docs"):

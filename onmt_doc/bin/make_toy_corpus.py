@@ -79,7 +79,7 @@ def _refuse_existing(out: Path, force: bool) -> None:
 def _main(argv: Optional[list[str]]) -> int:
     args_in = sys.argv[1:] if argv is None else argv
     if args_in and args_in[0] == "score":
-        from onmt_doc.evaluation.toy_pronouns import score_context
+        from onmt_doc.toy.pronoun_scoring import score_context
 
         args = _score_parser().parse_args(args_in[1:])
         result = score_context(args.hyp, args.ctx, args.ref)

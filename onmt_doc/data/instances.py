@@ -206,8 +206,22 @@ class Unit:
         """The examples of tokenized ``docs`` and the number of pairs dropped by ``max_len``."""
         raise NotImplementedError
 
+    @classmethod
+    def check_parts(cls, name: str, part_units: set[str], where: str = "model.unit") -> None:
+        """``model.unit: name`` fits the parts' own units: a chosen unit needs sentence-level parts;
+        a declared one must be the parts' own."""
+        own = (part_units - {"sentence"}) or {"sentence"}
+        if cls.declared and own != {name}:
+            raise ConfigError(
+                f"{where}: '{name}' is declared by the encoder and decoder, whose unit is {'/'.join(own)}"
+            )
+        if not cls.declared and own != {"sentence"}:
+            raise ConfigError(
+                f"{where}: '{name}' needs sentence-level encoder and decoder parts, not {'/'.join(own)} ones"
+            )
 
-UNITS = Registry("unit")
+
+UNITS = REGISTRY = Registry("unit")  # REGISTRY: what registry_for("unit") reads
 
 
 @UNITS.register("sentence", UnitOptions)
@@ -279,12 +293,7 @@ def unit_class(name: str, where: str = "model.unit") -> type[Unit]:
 def check_unit(name: str, part_units: set[str], where: str = "model.unit") -> None:
     """``model.unit`` chosen in a config: registered, and fitting the parts' own units (a chosen
     unit needs sentence-level parts; a declared one must be the parts' own)."""
-    cls = unit_class(name, where)
-    own = (part_units - {"sentence"}) or {"sentence"}
-    if cls.declared and own != {name}:
-        raise ConfigError(f"{where}: '{name}' is declared by the encoder and decoder, whose unit is {'/'.join(own)}")
-    if not cls.declared and own != {"sentence"}:
-        raise ConfigError(f"{where}: '{name}' needs sentence-level encoder and decoder parts, not {'/'.join(own)} ones")
+    unit_class(name, where).check_parts(name, part_units, where)
 
 
 def build_instances(

@@ -35,7 +35,7 @@ import logging
 import os
 from dataclasses import dataclass
 from itertools import islice
-from typing import TYPE_CHECKING, Iterable, Iterator, Literal, Optional, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Literal, Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -47,7 +47,6 @@ from onmt_doc.outputs import Input, input_problem, output_file
 
 if TYPE_CHECKING:
     from onmt_doc.data.instances import Example
-    from onmt_doc.losses.gate_hinge import PMIGateHingeConfig
 
 log = logging.getLogger("onmt_doc")
 
@@ -465,6 +464,15 @@ def attach_z_star(
             raise ValueError(f"z* of document {ex.doc} does not match its target length")
 
 
+class ZStarSection(Protocol):
+    """The keys the z* field reads from the section that asks for it (the ``pmi_gate_hinge``
+    loss): the data layer knows these keys, not the loss."""
+
+    type: str
+    table: str
+    normaliser: Normaliser
+
+
 @register_field(Z_STAR)
 class ZStarField:
     """The z* field: eq. 7's labels of every training example, cached next to the binarized data
@@ -474,7 +482,7 @@ class ZStarField:
 
     keys = ("z_star", "z_star_mask")
 
-    def __init__(self, section: PMIGateHingeConfig, ctx: FieldContext):
+    def __init__(self, section: ZStarSection, ctx: FieldContext):
         if not section.table:
             raise ConfigError(
                 f"loss {section.type}: key 'table' is required (a PMI table built with onmt_doc_build_pmi_table)"

@@ -5,7 +5,7 @@ Why this exists: tests, the quickstart and the docs need a parallel corpus that
 learned at the sentence level by a tiny Transformer within about a minute of CPU
 training, and (c) contains one phenomenon that *cannot* be translated correctly
 without the previous sentence, so that a document-level model can be shown to
-beat a sentence-level one on a targeted metric (``onmt_doc.evaluation.toy_pronouns.score_context``) even when
+beat a sentence-level one on a targeted metric (``onmt_doc.toy.pronoun_scoring.score_context``) even when
 BLEU barely moves.
 
 Grammar (every sentence, source side; brackets = optional)::
