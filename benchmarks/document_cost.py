@@ -76,7 +76,8 @@ from common import (
 )
 
 from onmt_doc.config import TranslateConfig, config_from_dict
-from onmt_doc.data.batching import Batch, collate
+from onmt_doc.contracts import Batch
+from onmt_doc.data.batching import collate
 from onmt_doc.data.prepare import build_codec, load_codec
 from onmt_doc.data.vocab import EOS_ID, EOS_SENT_ID, SOS_ID
 from onmt_doc.decoders.base import is_word

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable
 
 from onmt_doc.errors import ConfigError
 
-# kind -> module whose import fills that kind's registry (imported lazily, so config.py can
+# kind -> module whose import fills that kind's registry (imported lazily, so the config package can
 # resolve part sections without import cycles).
 _REGISTRY_MODULES = {
     "encoder": "onmt_doc.encoders",

@@ -6,7 +6,8 @@ import numpy as np
 import torch
 
 from onmt_doc.config import config_from_dict
-from onmt_doc.data.batching import Batch, collate
+from onmt_doc.contracts import Batch
+from onmt_doc.data.batching import collate
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.instances import Example, mark_sentence
 from onmt_doc.data.tokenizer import Subword

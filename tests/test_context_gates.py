@@ -21,7 +21,7 @@ from test_decoding import SIZES, assert_stepwise_matches
 from onmt_doc.bin.common import run as run_command
 from onmt_doc.config import config_from_dict
 from onmt_doc.data.batching import collate
-from onmt_doc.data.fields import FieldContext, build_field
+from onmt_doc.data.example_fields import FieldContext, build_field
 from onmt_doc.data.instances import Example, mark_sentence
 from onmt_doc.data.pmi import PairCounts, PMITable, attach_z_star, build_table, count_table, z_star, z_star_share
 from onmt_doc.data.prepare import build_codec

@@ -6,8 +6,8 @@ import pytest
 import torch
 from model_helpers import random_batch, random_model
 
+from onmt_doc.contracts import LengthLimit
 from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, MASK_ID, PAD_ID, SOS_ID
-from onmt_doc.decoders.base import LengthLimit
 from onmt_doc.models.model import full_log_probs
 from onmt_doc.translate.length_penalty import GNMTPenalty
 from onmt_doc.translate.search import BeamSearch
@@ -113,7 +113,7 @@ def test_beam_scores_equal_forced_decoding():
                 sub = random_batch([(1, 1)])
                 sub.src, sub.src_groups = batch.src[row : row + 1], batch.src_groups[row : row + 1]
                 sub.tgt_in, sub.tgt_out = tgt_in, tokens
-                from onmt_doc.encoders.base import EncoderOut
+                from onmt_doc.contracts import EncoderOut
 
                 one = EncoderOut(enc.memory[row : row + 1], enc.pad_mask[row : row + 1])
                 lp = full_log_probs(model, sub, one)[0].gather(1, tokens[0, :, None]).sum()

@@ -28,7 +28,7 @@ from onmt_doc.models.model import full_log_probs
 from onmt_doc.registry import registry_for
 from onmt_doc.train.trainer import train
 from onmt_doc.translate.ensemble import EnsembleModel, load_models
-from onmt_doc.translate.scoring import sentence_log_probs
+from onmt_doc.translate.forced_decoding import sentence_log_probs
 from onmt_doc.translate.translator import Translator
 
 MHPLSTM = {"encoder": TRANSFORMER["encoder"], "decoder": {"type": "mhplstm", "layers": 2, "heads": 4, "ff": 64}}

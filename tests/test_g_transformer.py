@@ -11,10 +11,10 @@ from model_helpers import N_WORDS, random_model, record_raw_hypotheses
 from test_decoding import stepwise_log_probs
 
 from onmt_doc.config import config_from_dict
+from onmt_doc.contracts import LengthLimit
 from onmt_doc.data.batching import collate, group_tags
 from onmt_doc.data.instances import Example, mark_sentence
 from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, MASK_ID, PAD_ID, SOS_ID, SPECIALS, UNK_ID
-from onmt_doc.decoders.base import LengthLimit
 from onmt_doc.errors import ConfigError
 from onmt_doc.models.checkpoint import load_model
 from onmt_doc.models.model import full_log_probs

@@ -2,48 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
 
 import numpy as np
 import torch
 
+from onmt_doc.contracts import Batch
 from onmt_doc.data.instances import Example
 from onmt_doc.data.vocab import BOS_ID, EOS_ID, PAD_ID, SOS_ID
-
-
-@dataclass
-class Batch:
-    """Padded tensors of a batch of instances; the model reads only what its unit fills in."""
-
-    src: torch.Tensor  # [B, S]
-    src_groups: torch.Tensor  # [B, S] sentence tag k on sentence k, 0 on padding
-    tgt_in: Optional[torch.Tensor] = None  # [B, T] <bos> + target
-    tgt_out: Optional[torch.Tensor] = None  # [B, T] target + <eos>
-    tgt_groups: Optional[torch.Tensor] = None  # [B, T] tags of tgt_in (0 on <bos> and padding)
-    doc_index: Optional[torch.Tensor] = None  # [B] document of each example
-    first_sent: Optional[torch.Tensor] = None  # [B] index of the example's first sentence in its document
-    extra: dict = field(default_factory=dict)  # [B, T] per-target-token tensors (e.g. z_star)
-    n_src_tokens: int = 0
-    n_tgt_tokens: int = 0  # non-padding tokens of tgt_out
-    indices: Optional[np.ndarray] = None  # positions of the examples in their source list
-
-    @property
-    def size(self) -> int:
-        """Rows in the batch."""
-        return self.src.size(0)
-
-    def to(self, device: torch.device) -> "Batch":
-        """The same batch with every tensor on ``device``."""
-        moved = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, torch.Tensor):
-                value = value.to(device, non_blocking=True)
-            elif f.name == "extra":
-                value = {k: v.to(device, non_blocking=True) for k, v in value.items()}
-            moved[f.name] = value
-        return Batch(**moved)
 
 
 def group_tags(ids: torch.Tensor) -> torch.Tensor:

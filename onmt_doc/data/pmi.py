@@ -41,7 +41,7 @@ import numpy as np
 
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import iter_parallel
-from onmt_doc.data.fields import FieldContext, register_field
+from onmt_doc.data.example_fields import FieldContext, register_field
 from onmt_doc.errors import ConfigError, UserError
 from onmt_doc.outputs import Input, input_problem, output_file
 
@@ -55,7 +55,7 @@ Normaliser = Literal["shared", "per_scenario"]
 NORMALISERS: tuple[str, ...] = ("shared", "per_scenario")
 _ARRAYS = ("src_counts", "tgt_counts", "bi_keys", "bi_counts", "mono_keys", "mono_counts")
 Pair = tuple[np.ndarray, np.ndarray]
-Z_STAR = "z_star"  # the per-example field of z* (data/fields.py): extra["z_star"] and ["z_star_mask"]
+Z_STAR = "z_star"  # the per-example field of z* (data/example_fields.py): extra["z_star"] and ["z_star_mask"]
 
 
 # ----------------------------------------------------------------------------- ragged helpers

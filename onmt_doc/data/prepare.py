@@ -18,7 +18,7 @@ from onmt_doc.config import Config, CorpusConfig
 from onmt_doc.data.cache import load_tokenized
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import iter_lines, read_parallel
-from onmt_doc.data.fields import FieldProvider, attach_fields
+from onmt_doc.data.example_fields import FieldProvider, attach_fields
 from onmt_doc.data.instances import Example, build_instances
 from onmt_doc.data.tokenizer import Subword
 from onmt_doc.data.vocab import Vocab

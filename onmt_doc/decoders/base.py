@@ -4,44 +4,13 @@ every decoder)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
 import torch
 from torch import nn
 
-from onmt_doc.data.batching import Batch
+from onmt_doc.contracts import Batch, DecoderOut, DecoderState, EncoderOut, LengthLimit
 from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, MASK_ID, PAD_ID, SOS_ID, SPECIALS, UNK_ID
-from onmt_doc.modules.state import DecoderState
-from onmt_doc.parts import EncoderOut
-
-
-@dataclass
-class DecoderOut:
-    """What a teacher-forced pass returns: ``hidden`` for the generator and ``aux`` for losses and
-    analysis (gates, attention; ``aux["stats"]`` per-token sums that validation reports)."""
-
-    hidden: torch.Tensor  # [B, T, D], fed to the generator
-    # what losses and analysis read (gates, attention); aux["stats"] holds per-token sums that
-    # validation reports, keys "group/name" (TensorBoard valid/group/name, divided by target tokens)
-    aux: dict = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class LengthLimit:
-    """Output length cap ``min(ratio × source length + add, max_length)``, at least 1 (of a
-    sentence, or of each sentence of a document for document decoders). ``max_length`` bounds the
-    work of a long input line whatever the ratio (OpenNMT-py also caps at 250)."""
-
-    ratio: float = 1.5
-    add: int = 10
-    max_length: int = 250
-
-    def __call__(self, src_len: torch.Tensor) -> torch.Tensor:
-        """``src_len`` [B] source lengths -> [B] output length caps."""
-        cap = (src_len.float() * self.ratio).long() + self.add
-        return cap.clamp(min=1, max=max(self.max_length, 1))
-
 
 # never generated: padding, a second <bos>, the word-dropout mask
 _NEVER = (PAD_ID, BOS_ID, MASK_ID)

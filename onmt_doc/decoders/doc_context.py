@@ -20,11 +20,10 @@ from typing import Any, Callable, ClassVar, Literal, Optional
 
 import torch
 
-from onmt_doc.config import option
-from onmt_doc.data.batching import Batch
+from onmt_doc.config.options import option
+from onmt_doc.contracts import Batch, DecoderOut, EncoderOut, LengthLimit, PartContext
 from onmt_doc.data.vocab import PAD_ID
 from onmt_doc.decoders import REGISTRY
-from onmt_doc.decoders.base import DecoderOut, LengthLimit
 from onmt_doc.decoders.transformer import (
     TransformerDecoder,
     TransformerDecoderConfig,
@@ -39,7 +38,6 @@ from onmt_doc.modules.document_packing import (
     document_memory,
 )
 from onmt_doc.modules.row_buckets import RowBucket, bucket_rows, unbucket
-from onmt_doc.parts import EncoderOut, PartContext
 
 
 @dataclass

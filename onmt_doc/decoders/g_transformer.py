@@ -21,11 +21,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from onmt_doc.config import Config, check_top_layers, option
-from onmt_doc.data.batching import Batch, group_tags
+from onmt_doc.config import Config
+from onmt_doc.config.options import check_top_layers, option
+from onmt_doc.contracts import Batch, DecoderOut, DecoderState, EncoderOut, LengthLimit, PartContext
+from onmt_doc.data.batching import group_tags
 from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, MASK_ID, PAD_ID, SOS_ID, SPECIALS, UNK_ID
 from onmt_doc.decoders import REGISTRY
-from onmt_doc.decoders.base import Decoder, DecoderOut, LengthLimit, force_tokens
+from onmt_doc.decoders.base import Decoder, force_tokens
 from onmt_doc.decoders.transformer import TransformerDecoderConfig, TransformerDecoderLayer
 from onmt_doc.modules.attention import KV, MultiHeadAttention
 from onmt_doc.modules.group_attention import (
@@ -45,8 +47,6 @@ from onmt_doc.modules.group_attention import (
     write_sentence_cache,
 )
 from onmt_doc.modules.local_global_gate import GateSum
-from onmt_doc.modules.state import DecoderState
-from onmt_doc.parts import EncoderOut, PartContext
 
 PREFIX_CAPACITY = 128  # first size of the global self-attention caches; doubling keeps growth O(prefix)
 

@@ -15,17 +15,16 @@ from typing import ClassVar, Literal, Optional
 import torch
 from torch import nn
 
-from onmt_doc.config import Config, PartConfig, check_heads, option
-from onmt_doc.data.batching import Batch
+from onmt_doc.config import Config
+from onmt_doc.config.options import PartConfig, check_heads, option
+from onmt_doc.contracts import Batch, DecoderOut, DecoderState, EncoderOut, LengthLimit, PartContext
 from onmt_doc.decoders import REGISTRY
-from onmt_doc.decoders.base import Decoder, DecoderOut, LengthLimit
+from onmt_doc.decoders.base import Decoder
 from onmt_doc.errors import ConfigError
 from onmt_doc.modules.attention import KV, MultiHeadAttention
 from onmt_doc.modules.feedforward import FeedForward
 from onmt_doc.modules.hplstm import HPLSTMState, MultiHeadHPLSTM
-from onmt_doc.modules.state import DecoderState
 from onmt_doc.modules.sublayer import Residual
-from onmt_doc.parts import EncoderOut, PartContext
 
 
 @dataclass

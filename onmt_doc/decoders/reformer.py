@@ -15,10 +15,11 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from onmt_doc.config import Config, PartConfig, check_heads, option
-from onmt_doc.data.batching import Batch
+from onmt_doc.config import Config
+from onmt_doc.config.options import PartConfig, check_heads, option
+from onmt_doc.contracts import Batch, DecoderOut, DecoderState, EncoderOut, LengthLimit, PartContext
 from onmt_doc.decoders import REGISTRY
-from onmt_doc.decoders.base import Decoder, DecoderOut, LengthLimit
+from onmt_doc.decoders.base import Decoder
 from onmt_doc.modules.attention import KV
 from onmt_doc.modules.dropout import Dropout
 from onmt_doc.modules.feedforward import FeedForward
@@ -32,8 +33,6 @@ from onmt_doc.modules.separable import (
     SourceAttention,
     TargetAttention,
 )
-from onmt_doc.modules.state import DecoderState
-from onmt_doc.parts import EncoderOut, PartContext
 
 
 @dataclass

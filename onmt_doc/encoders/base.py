@@ -1,4 +1,4 @@
-"""The encoder interface (its output, ``EncoderOut``, is in ``onmt_doc.parts``)."""
+"""The encoder interface (its output, ``EncoderOut``, is in ``onmt_doc.contracts``)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ from typing import ClassVar
 
 from torch import nn
 
-from onmt_doc.data.batching import Batch
-from onmt_doc.parts import EncoderOut
+from onmt_doc.contracts import Batch, EncoderOut
 
 
 class Encoder(nn.Module):

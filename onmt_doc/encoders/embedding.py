@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from onmt_doc.config import PartConfig
-from onmt_doc.data.batching import Batch
+from onmt_doc.config.options import PartConfig
+from onmt_doc.contracts import Batch, EncoderOut, PartContext
 from onmt_doc.data.vocab import PAD_ID
 from onmt_doc.encoders import REGISTRY
 from onmt_doc.encoders.base import Encoder
-from onmt_doc.parts import EncoderOut, PartContext
 
 
 @dataclass

@@ -15,8 +15,9 @@ from typing import Literal, Optional
 import torch
 from torch import nn
 
-from onmt_doc.config import Config, check_top_layers, option
-from onmt_doc.data.batching import Batch
+from onmt_doc.config import Config
+from onmt_doc.config.options import check_top_layers, option
+from onmt_doc.contracts import Batch, EncoderOut, PartContext
 from onmt_doc.data.vocab import PAD_ID
 from onmt_doc.encoders import REGISTRY
 from onmt_doc.encoders.base import Encoder
@@ -32,7 +33,6 @@ from onmt_doc.modules.group_attention import (
     plan_self,
 )
 from onmt_doc.modules.local_global_gate import GateSum
-from onmt_doc.parts import EncoderOut, PartContext
 
 
 @dataclass

@@ -28,8 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from onmt_doc.config import Config, option
-from onmt_doc.data.batching import Batch
+from onmt_doc.config import Config
+from onmt_doc.config.options import option
+from onmt_doc.contracts import Batch, EncoderOut, PartContext
 from onmt_doc.data.vocab import PAD_ID
 from onmt_doc.encoders import REGISTRY
 from onmt_doc.encoders.transformer import TransformerEncoder, TransformerEncoderConfig, TransformerEncoderLayer
@@ -40,7 +41,6 @@ from onmt_doc.modules.document_packing import attend_documents_rows, document_me
 from onmt_doc.modules.dropout import Dropout
 from onmt_doc.modules.embeddings import SinusoidalPositions
 from onmt_doc.modules.row_buckets import batch_order, bucket_rows, unbucket
-from onmt_doc.parts import EncoderOut, PartContext
 from onmt_doc.registry import registry_for
 
 

@@ -4,21 +4,18 @@ A loss returns a *sum* over target tokens (or whatever it counts) and a dict of 
 the trainer divides by the number of target tokens of the whole optimizer step (over accumulation
 and ranks), so every loss is normalised the same way and distributed training equals one process.
 A loss gets only its own config section; per-token data it needs beyond the batch (e.g. z*) it
-declares in ``needs_fields``, and the data pipeline attaches it (``onmt_doc/data/fields.py``).
+declares in ``needs_fields``, and the data pipeline attaches it (``onmt_doc/data/example_fields.py``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Sequence
+from typing import Any, ClassVar, Sequence
 
 import torch
 
-from onmt_doc.config import LossConfig
-from onmt_doc.data.batching import Batch
-from onmt_doc.data.fields import FieldContext, FieldProvider, build_field
-
-if TYPE_CHECKING:
-    from onmt_doc.models.model import ModelOut
+from onmt_doc.config.options import LossConfig
+from onmt_doc.contracts import Batch, ModelOut
+from onmt_doc.data.example_fields import FieldContext, FieldProvider, build_field
 
 
 class Loss:
@@ -33,7 +30,7 @@ class Loss:
         self.cfg = cfg
         self.weight = cfg.weight
 
-    def __call__(self, out: "ModelOut", batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:  # pragma: no cover
+    def __call__(self, out: ModelOut, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:  # pragma: no cover
         """The loss summed over what it counts, and summed statistics for the logs (the trainer divides
         both by the step's target tokens)."""
         raise NotImplementedError

@@ -11,19 +11,17 @@ is a sum the trainer divides by the step's target tokens. Tokens without supervi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
-from onmt_doc.config import Config, LossConfig, option
-from onmt_doc.data.batching import Batch
+from onmt_doc.config import Config
+from onmt_doc.config.options import LossConfig, option
+from onmt_doc.contracts import Batch, ModelOut
 from onmt_doc.data.pmi import Z_STAR, Normaliser
 from onmt_doc.errors import ConfigError
 from onmt_doc.losses import REGISTRY
 from onmt_doc.losses.base import Loss
-
-if TYPE_CHECKING:
-    from onmt_doc.models.model import ModelOut
 
 
 @dataclass

@@ -10,18 +10,15 @@ with an 8k vocabulary that was ~12% of a training step of the benchmark Transfor
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import torch
 
-from onmt_doc.config import LossConfig, option
-from onmt_doc.data.batching import Batch
+from onmt_doc.config.options import LossConfig, option
+from onmt_doc.contracts import Batch, ModelOut
 from onmt_doc.data.vocab import PAD_ID
 from onmt_doc.losses import REGISTRY
 from onmt_doc.losses.base import Loss
-
-if TYPE_CHECKING:
-    from onmt_doc.models.model import ModelOut
 
 
 @dataclass

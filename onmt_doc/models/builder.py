@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from onmt_doc.config import ModelConfig
+from onmt_doc.config.model import ModelConfig
+from onmt_doc.contracts import PartContext
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.vocab import MASK_ID, UNK_ID
 from onmt_doc.decoders.base import Decoder
@@ -12,7 +13,6 @@ from onmt_doc.encoders.base import Encoder
 from onmt_doc.errors import ConfigError
 from onmt_doc.models.model import EncoderDecoder
 from onmt_doc.modules.embeddings import Embeddings
-from onmt_doc.parts import PartContext
 from onmt_doc.registry import registry_for
 
 

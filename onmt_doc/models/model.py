@@ -2,32 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Optional
 
 import torch
 from torch import nn
 
-from onmt_doc.data.batching import Batch
+from onmt_doc.contracts import Batch, DecoderState, EncoderOut, LengthLimit, ModelOut
 from onmt_doc.data.vocab import PAD_ID, UNK_ID
-from onmt_doc.decoders.base import Decoder, LengthLimit
+from onmt_doc.decoders.base import Decoder
 from onmt_doc.encoders.base import Encoder
 from onmt_doc.errors import ConfigError
-from onmt_doc.modules.state import DecoderState
 from onmt_doc.modules.word_dropout import word_dropout
-from onmt_doc.parts import EncoderOut
-
-
-@dataclass
-class ModelOut:
-    """What a teacher-forced pass hands every loss: logits of real target positions plus the decoder's extras."""
-
-    logits: torch.Tensor  # [N, V] at the N non-padding target positions
-    target: torch.Tensor  # [N]
-    target_mask: torch.Tensor  # [B, T] True at those positions
-    hidden: torch.Tensor  # [B, T, D]
-    enc_out: EncoderOut
-    aux: dict = field(default_factory=dict)
 
 
 def resolve_unit(encoder: Encoder, decoder: Decoder) -> str:

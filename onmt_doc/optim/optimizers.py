@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Optional, Sequence
 import torch
 import torch_optimizer
 
-from onmt_doc.config import OptimConfig
+from onmt_doc.config.train import OptimConfig
 from onmt_doc.errors import ConfigError
 from onmt_doc.registry import Registry, closest
 

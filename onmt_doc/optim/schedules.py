@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from onmt_doc.config import PartConfig, option
+from onmt_doc.config.options import PartConfig, option
 from onmt_doc.registry import Registry
 
 REGISTRY = Registry("schedule")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from onmt_doc.config import TrainConfig
+from onmt_doc.config.train import TrainConfig
 from onmt_doc.data.codec import Codec
 from onmt_doc.errors import UserError
 from onmt_doc.models.checkpoint import load_checkpoint

@@ -23,10 +23,11 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from onmt_doc.config import Config, config_to_dict, save_config
-from onmt_doc.data.batching import Batch, BatchSampler, CorpusMix, collate, ordered_batches
+from onmt_doc.contracts import Batch
+from onmt_doc.data.batching import BatchSampler, CorpusMix, collate, ordered_batches
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import read_parallel
-from onmt_doc.data.fields import FieldContext
+from onmt_doc.data.example_fields import FieldContext
 from onmt_doc.data.instances import Example
 from onmt_doc.data.prepare import build_codec, data_cache_dir, load_codec, load_examples, train_corpora
 from onmt_doc.errors import UserError

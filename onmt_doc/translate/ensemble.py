@@ -29,15 +29,12 @@ import torch
 from torch import nn
 
 from onmt_doc.config import Config
-from onmt_doc.data.batching import Batch
+from onmt_doc.contracts import Batch, DecoderState, EncoderOut, LengthLimit
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.instances import UNITS
-from onmt_doc.decoders.base import LengthLimit
 from onmt_doc.errors import UserError
 from onmt_doc.models.checkpoint import load_model
 from onmt_doc.models.model import EncoderDecoder, full_log_probs
-from onmt_doc.modules.state import DecoderState
-from onmt_doc.parts import EncoderOut
 
 
 @dataclass

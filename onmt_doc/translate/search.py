@@ -36,11 +36,11 @@ from typing import Optional
 
 import torch
 
-from onmt_doc.config import TranslateConfig
-from onmt_doc.data.batching import Batch
+from onmt_doc.config.translate import TranslateConfig
+from onmt_doc.contracts import Batch, LengthLimit
 from onmt_doc.data.instances import UNITS, unit_class
 from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, PAD_ID, SOS_ID
-from onmt_doc.decoders.base import LengthLimit, count_words, forbid_empty, force_tokens
+from onmt_doc.decoders.base import count_words, forbid_empty, force_tokens
 from onmt_doc.errors import ConfigError
 from onmt_doc.models.model import EncoderDecoder
 from onmt_doc.translate.length_penalty import GNMTPenalty, LengthPenalty, build_length_penalty

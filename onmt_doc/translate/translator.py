@@ -31,7 +31,8 @@ import numpy as np
 import torch
 
 from onmt_doc.config import Config, TranslateConfig, config_from_dict
-from onmt_doc.data.batching import Batch, collate, ordered_batches
+from onmt_doc.contracts import Batch
+from onmt_doc.data.batching import collate, ordered_batches
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import iter_parallel
 from onmt_doc.data.instances import Example, build_instances, unit_class
@@ -39,7 +40,7 @@ from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, PAD_ID, SOS_ID
 from onmt_doc.errors import ConfigError, UserError
 from onmt_doc.models.model import EncoderDecoder
 from onmt_doc.registry import closest
-from onmt_doc.translate.scoring import sentence_log_probs
+from onmt_doc.translate.forced_decoding import sentence_log_probs
 from onmt_doc.translate.search import build_search
 
 log = logging.getLogger("onmt_doc")

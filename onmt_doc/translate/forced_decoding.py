@@ -10,7 +10,7 @@ from typing import Sequence
 
 import torch
 
-from onmt_doc.data.batching import Batch
+from onmt_doc.contracts import Batch
 from onmt_doc.data.vocab import EOS_ID, PAD_ID
 from onmt_doc.models.model import EncoderDecoder, full_log_probs
 
