@@ -108,8 +108,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
 def _translator(args: argparse.Namespace) -> Translator:
     import torch
 
+    from onmt_doc.devices import pick_device
     from onmt_doc.models.checkpoint import load_model
-    from onmt_doc.train.distributed import pick_device
     from onmt_doc.translate.translator import Translator, translator_options
 
     device = pick_device(args.device, key="-device")

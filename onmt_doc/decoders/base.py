@@ -11,9 +11,15 @@ from torch import nn
 
 from onmt_doc.contracts import Batch, DecoderOut, DecoderState, EncoderOut, LengthLimit
 from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, MASK_ID, PAD_ID, SOS_ID, SPECIALS, UNK_ID
+from onmt_doc.registry import Registry
 
 # never generated: padding, a second <bos>, the word-dropout mask
 _NEVER = (PAD_ID, BOS_ID, MASK_ID)
+
+
+# the decoders by YAML name; each decoder module registers itself here, and the package's
+# __init__ imports them all (registry_for("decoder") reads it there)
+REGISTRY = Registry("decoder")
 
 
 def is_word(tokens: torch.Tensor) -> torch.Tensor:

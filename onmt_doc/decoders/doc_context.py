@@ -23,7 +23,7 @@ import torch
 from onmt_doc.config.options import option
 from onmt_doc.contracts import Batch, DecoderOut, EncoderOut, LengthLimit, PartContext
 from onmt_doc.data.vocab import PAD_ID
-from onmt_doc.decoders import REGISTRY
+from onmt_doc.decoders.base import REGISTRY
 from onmt_doc.decoders.transformer import (
     TransformerDecoder,
     TransformerDecoderConfig,

@@ -26,8 +26,7 @@ from onmt_doc.config.options import check_top_layers, option
 from onmt_doc.contracts import Batch, DecoderOut, DecoderState, EncoderOut, LengthLimit, PartContext
 from onmt_doc.data.batching import group_tags
 from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, MASK_ID, PAD_ID, SOS_ID, SPECIALS, UNK_ID
-from onmt_doc.decoders import REGISTRY
-from onmt_doc.decoders.base import Decoder, force_tokens
+from onmt_doc.decoders.base import REGISTRY, Decoder, force_tokens
 from onmt_doc.decoders.transformer import TransformerDecoderConfig, TransformerDecoderLayer
 from onmt_doc.modules.attention import KV, MultiHeadAttention
 from onmt_doc.modules.group_attention import (

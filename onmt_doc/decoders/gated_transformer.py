@@ -19,8 +19,7 @@ from onmt_doc.config import Config
 from onmt_doc.config.options import PartConfig, check_heads, option
 from onmt_doc.contracts import Batch, DecoderOut, EncoderOut, PartContext
 from onmt_doc.data.vocab import PAD_ID
-from onmt_doc.decoders import REGISTRY
-from onmt_doc.decoders.base import Decoder
+from onmt_doc.decoders.base import REGISTRY, Decoder
 from onmt_doc.decoders.transformer import TransformerDecoder, TransformerDecoderLayer
 from onmt_doc.modules.attention import KV
 from onmt_doc.modules.context_gate import GatedResidual, GateType, Placement, residual_block

@@ -18,8 +18,7 @@ from torch.utils.checkpoint import checkpoint
 from onmt_doc.config import Config
 from onmt_doc.config.options import PartConfig, check_heads, option
 from onmt_doc.contracts import Batch, DecoderOut, DecoderState, EncoderOut, LengthLimit, PartContext
-from onmt_doc.decoders import REGISTRY
-from onmt_doc.decoders.base import Decoder
+from onmt_doc.decoders.base import REGISTRY, Decoder
 from onmt_doc.modules.attention import KV
 from onmt_doc.modules.dropout import Dropout
 from onmt_doc.modules.feedforward import FeedForward

@@ -11,8 +11,7 @@ from torch import nn
 from onmt_doc.config import Config
 from onmt_doc.config.options import PartConfig, check_heads, option
 from onmt_doc.contracts import Batch, DecoderOut, DecoderState, EncoderOut, LengthLimit, PartContext
-from onmt_doc.decoders import REGISTRY
-from onmt_doc.decoders.base import Decoder
+from onmt_doc.decoders.base import REGISTRY, Decoder
 from onmt_doc.modules.attention import KV, MultiHeadAttention
 from onmt_doc.modules.feedforward import FeedForward
 from onmt_doc.modules.sublayer import Residual

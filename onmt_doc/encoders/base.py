@@ -7,6 +7,11 @@ from typing import ClassVar
 from torch import nn
 
 from onmt_doc.contracts import Batch, EncoderOut
+from onmt_doc.registry import Registry
+
+# the encoders by YAML name; each encoder module registers itself here, and the package's
+# __init__ imports them all (registry_for("encoder") reads it there)
+REGISTRY = Registry("encoder")
 
 
 class Encoder(nn.Module):

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from onmt_doc.config.options import PartConfig
 from onmt_doc.contracts import Batch, EncoderOut, PartContext
 from onmt_doc.data.vocab import PAD_ID
-from onmt_doc.encoders import REGISTRY
-from onmt_doc.encoders.base import Encoder
+from onmt_doc.encoders.base import REGISTRY, Encoder
 
 
 @dataclass

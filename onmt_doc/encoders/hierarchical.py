@@ -32,7 +32,7 @@ from onmt_doc.config import Config
 from onmt_doc.config.options import option
 from onmt_doc.contracts import Batch, EncoderOut, PartContext
 from onmt_doc.data.vocab import PAD_ID
-from onmt_doc.encoders import REGISTRY
+from onmt_doc.encoders.base import REGISTRY
 from onmt_doc.encoders.transformer import TransformerEncoder, TransformerEncoderConfig, TransformerEncoderLayer
 from onmt_doc.errors import ConfigError
 from onmt_doc.modules import analysis

@@ -11,8 +11,7 @@ from onmt_doc.config import Config
 from onmt_doc.config.options import PartConfig, check_heads, option
 from onmt_doc.contracts import Batch, EncoderOut, PartContext
 from onmt_doc.data.vocab import PAD_ID
-from onmt_doc.encoders import REGISTRY
-from onmt_doc.encoders.base import Encoder
+from onmt_doc.encoders.base import REGISTRY, Encoder
 from onmt_doc.modules.attention import MultiHeadAttention
 from onmt_doc.modules.feedforward import FeedForward
 from onmt_doc.modules.sublayer import Residual

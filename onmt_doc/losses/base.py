@@ -16,6 +16,11 @@ import torch
 from onmt_doc.config.options import LossConfig
 from onmt_doc.contracts import Batch, ModelOut
 from onmt_doc.data.example_fields import FieldContext, FieldProvider, build_field
+from onmt_doc.registry import Registry
+
+# the losses by YAML name; each loss module registers itself here, and the package's
+# __init__ imports them all (registry_for("loss") reads it there)
+REGISTRY = Registry("loss")
 
 
 class Loss:
@@ -38,7 +43,6 @@ class Loss:
 
 def build_losses(cfgs: Sequence[LossConfig], **context: Any) -> list[Loss]:
     """Build one loss per ``loss`` config entry; ``context`` is passed to each constructor."""
-    from onmt_doc.losses import REGISTRY
 
     return [REGISTRY.build(c, **context) for c in cfgs]
 

@@ -20,8 +20,7 @@ from onmt_doc.config.options import LossConfig, option
 from onmt_doc.contracts import Batch, ModelOut
 from onmt_doc.data.pmi import Z_STAR, Normaliser
 from onmt_doc.errors import ConfigError
-from onmt_doc.losses import REGISTRY
-from onmt_doc.losses.base import Loss
+from onmt_doc.losses.base import REGISTRY, Loss
 
 
 @dataclass

@@ -17,8 +17,7 @@ import torch
 from onmt_doc.config.options import LossConfig, option
 from onmt_doc.contracts import Batch, ModelOut
 from onmt_doc.data.vocab import PAD_ID
-from onmt_doc.losses import REGISTRY
-from onmt_doc.losses.base import Loss
+from onmt_doc.losses.base import REGISTRY, Loss
 
 
 @dataclass

@@ -12,7 +12,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from onmt_doc.errors import ConfigError
+from onmt_doc.devices import pick_device
 
 
 @dataclass
@@ -35,21 +35,6 @@ class DistContext:
     def enabled(self) -> bool:
         """Whether there is a process group (more than one process) to reduce over."""
         return self.world > 1
-
-
-def pick_device(spec: str, local_rank: int = 0, key: str = "train.device") -> torch.device:
-    """``auto`` (the local rank's GPU if CUDA is available, else CPU), ``cpu``, ``cuda`` (the local
-    rank's GPU) or ``cuda:N``; raises ConfigError at ``key`` for unavailable or invalid devices."""
-    if spec == "auto":
-        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
-    if spec.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"{key}: {spec} requested but CUDA is not available")
-    if spec == "cuda":
-        return torch.device(f"cuda:{local_rank}")
-    try:
-        return torch.device(spec)
-    except RuntimeError:
-        raise ConfigError(f"{key}: '{spec}' is not a device (auto, cpu, cuda, cuda:N)") from None
 
 
 def init_distributed(device_spec: str) -> DistContext:

@@ -217,8 +217,8 @@ class Translator:
         ``translate`` keys (docs/config.md) overriding the checkpoint's, e.g. ``beam=5``,
         ``n_best=3``, ``dtype="bfloat16"``, ``batch_tokens=2048``. ``option_names``: how errors
         name the options (the command line passes its flags)."""
+        from onmt_doc.devices import pick_device
         from onmt_doc.models.checkpoint import load_model
-        from onmt_doc.train.distributed import pick_device
 
         if not checkpoint or not all(isinstance(p, (str, os.PathLike)) for p in _as_list(checkpoint)):
             raise UserError(f"Translator.load: expected a checkpoint path or a list of paths, got {checkpoint!r:.80}")
