@@ -34,15 +34,22 @@ class Table:
     cls: type
     defaults: Any
     with_type: bool
+    only: tuple[str, ...] = ()  # the keys to list (the root's plain keys); empty: all
 
 
 def tables() -> dict[str, Table]:
     """Every table docs/config.md must have: the sections, then each registered part."""
     root = Config()
     found: dict[str, Table] = {}
+    plain = []  # top-level keys that are not sections (plugins)
     for f in dataclasses.fields(Config):
         obj = LossConfig() if f.name == "loss" else getattr(root, f.name)
-        found[f.name] = Table(type(obj), obj, True)
+        if dataclasses.is_dataclass(obj):
+            found[f.name] = Table(type(obj), obj, True)
+        else:
+            plain.append(f.name)
+    if plain:
+        found["top-level"] = Table(Config, root, True, tuple(plain))
     for kind in TABLE_KINDS:
         registry = registry_for(kind)
         for name in registry.names():
@@ -120,6 +127,7 @@ def render(table: Table) -> str:
     "(inside `train`/`valid`)"."""
     hints = typing.get_type_hints(table.cls)
     fields = [f for f in dataclasses.fields(table.cls) if table.with_type or f.name != "type"]
+    fields = [f for f in fields if f.name in table.only] if table.only else fields
     fields = fields or list(dataclasses.fields(table.cls))  # a part without keys of its own: its type
     lines = [HEADER]
     for i, f in enumerate(fields):

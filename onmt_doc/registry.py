@@ -1,6 +1,7 @@
 """Registries: the one way to name a part in YAML and build it.
 
-Each kind of part (encoder, decoder, loss, optimizer, schedule) has one :class:`Registry`.
+Each kind of part (encoder, decoder, loss, optimizer, schedule; and translation units, search
+strategies, length penalties) has one :class:`Registry`.
 A part registers itself with its own config dataclass; the config loader validates the part's
 YAML section against that dataclass, and :meth:`Registry.build` gives the part only that section.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 import difflib
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Optional
 
 from onmt_doc.errors import ConfigError
 
@@ -23,6 +24,9 @@ _REGISTRY_MODULES = {
     "optimizer": "onmt_doc.optim.optimizers",
     "schedule": "onmt_doc.optim.schedules",
     "unit": "onmt_doc.data.instances",
+    "field": "onmt_doc.data.example_fields",  # providers register on import (z*: data/pmi.py)
+    "search": "onmt_doc.translate.search",  # strategies: translate.strategy (beam, greedy, sampling)
+    "length_penalty": "onmt_doc.translate.length_penalty",  # translate.length_penalty_type
 }
 
 
@@ -32,7 +36,7 @@ class Entry:
 
     name: str
     cls: Callable[..., Any]
-    config: type
+    config: Optional[type]  # None for kinds without a section of their own (fields)
 
 
 def closest(name: str, candidates: Iterable[str]) -> str:
@@ -49,7 +53,7 @@ class Registry:
         self.kind = kind
         self._entries: dict[str, Entry] = {}
 
-    def register(self, name: str, config: type) -> Callable:
+    def register(self, name: str, config: Optional[type]) -> Callable:
         """Class decorator: ``@REGISTRY.register("transformer", TransformerEncoderConfig)``."""
 
         def decorator(cls: type) -> type:

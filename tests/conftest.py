@@ -20,6 +20,33 @@ torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or min(2, os.c
 
 REPO = Path(__file__).resolve().parent.parent
 
+# the devices present: device-sensitive tests run on each (``-m devices`` selects them on a GPU machine)
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(params=DEVICES, ids=DEVICES)
+def device(request) -> torch.device:
+    """Each device present in turn. On CUDA, TF32 is off while the test runs (restored after), so
+    float32 tolerances such as 1e-5 mean there what they mean on the CPU."""
+    dev = torch.device(request.param)
+    if dev.type != "cuda":
+        yield dev
+        return
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield dev
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests that take the ``device`` fixture carry the ``devices`` marker."""
+    for item in items:
+        if "device" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.devices)
+
 
 @pytest.fixture(scope="session")
 def toy_dir(tmp_path_factory) -> Path:

@@ -24,15 +24,19 @@ def toy_codec() -> Codec:
     return Codec(sw, sw, vocab, vocab)
 
 
-def random_model(model_section: dict, seed: int = 0) -> tuple[EncoderDecoder, Codec]:
+def random_model(model_section: dict, seed: int = 0, device=None) -> tuple[EncoderDecoder, Codec]:
+    """A random model in eval mode, built on the CPU (the same weights for a seed on every device),
+    then moved to ``device`` when one is given."""
     torch.manual_seed(seed)
     codec = toy_codec()
     cfg = config_from_dict({"model": {"d_model": 32, "dropout": 0.0, "attention_dropout": 0.0, **model_section}})
-    return build_model(cfg.model, codec).eval(), codec
+    model = build_model(cfg.model, codec).eval()
+    return (model if device is None else model.to(device)), codec
 
 
-def random_batch(sizes: list[tuple[int, int]], seed: int = 0) -> Batch:
-    """Sentence examples with (src_len, tgt_len) word counts: uneven lengths give padding."""
+def random_batch(sizes: list[tuple[int, int]], seed: int = 0, device=None) -> Batch:
+    """Sentence examples with (src_len, tgt_len) word counts: uneven lengths give padding; on
+    ``device`` when one is given."""
     rng = np.random.default_rng(seed)
     first = len(SPECIALS)
     examples = [
@@ -45,7 +49,8 @@ def random_batch(sizes: list[tuple[int, int]], seed: int = 0) -> Batch:
         )
         for i, (s, t) in enumerate(sizes)
     ]
-    return collate(examples, np.arange(len(examples)))
+    batch = collate(examples, np.arange(len(examples)))
+    return batch if device is None else batch.to(device)
 
 
 def record_raw_hypotheses(translator) -> list:

@@ -24,6 +24,8 @@ from onmt_doc.data.vocab import EOS_ID, EOS_SENT_ID
 from onmt_doc.errors import ConfigError, UserError
 from onmt_doc.models.checkpoint import save_checkpoint
 
+pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
+
 TRANSLATE = module_cmd("onmt_doc.bin.translate")
 G_TRANSFORMER = {
     "encoder": {"type": "g_transformer", "layers": 2, "heads": 4, "ff": 64, "global_layers": 1},

@@ -15,6 +15,8 @@ from test_unicode import SRC_MAP, TGT_MAP, write_variant
 
 from onmt_doc.data.vocab import SPECIALS
 
+pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
+
 BUILD_VOCAB = module_cmd("onmt_doc.bin.build_vocab")
 
 

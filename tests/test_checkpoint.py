@@ -20,6 +20,8 @@ from onmt_doc.errors import UserError
 from onmt_doc.models.checkpoint import average_checkpoints, load_checkpoint, load_model, save_checkpoint
 from onmt_doc.train.run_folder import PARTIAL
 
+pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
+
 
 def test_checkpoint_holds_plain_data_and_loads_with_weights_only(trained_run):
     path = trained_run / "checkpoints" / "last.pt"

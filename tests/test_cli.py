@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 from conftest import module_cmd, run_cli, tiny_config, write_config
 
+pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
+
 TRAIN = module_cmd("onmt_doc.bin.train")
 TRANSLATE = module_cmd("onmt_doc.bin.translate")
 

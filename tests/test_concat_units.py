@@ -12,14 +12,16 @@ from model_helpers import assert_forced_scores_keep_breaks
 
 from onmt_doc.config import config_from_dict
 from onmt_doc.data.batching import collate
-from onmt_doc.data.instances import UNITS, build_instances
+from onmt_doc.data.instances import UNITS, build_instances, markup_sentences, split_sentences
 from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, SOS_ID
 from onmt_doc.errors import ConfigError
 from onmt_doc.models.checkpoint import load_model
 from onmt_doc.models.model import full_log_probs
 from onmt_doc.train.trainer import train
 from onmt_doc.translate.search import BeamSearch
-from onmt_doc.translate.translator import Translator, markup_sentences, split_sentences
+from onmt_doc.translate.translator import Translator
+
+pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
 
 S, E = SOS_ID, EOS_SENT_ID  # <s> = 2, </s> = 3: the separator between concatenated sentences
 assert (S, E) == (2, 3)

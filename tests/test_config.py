@@ -144,7 +144,7 @@ def config_md_tables() -> dict[tuple, set[str]]:
     Fenced code blocks are skipped (the resolved YAML example has lines starting with #)."""
     tables: dict[tuple, set[str]] = {}
     section = kind = name = None
-    fenced = False
+    top_level = fenced = False
     for line in DOCS.read_text(encoding="utf-8").splitlines():
         if line.startswith("```"):
             fenced = not fenced
@@ -156,6 +156,7 @@ def config_md_tables() -> dict[tuple, set[str]]:
             level, title = len(m.group(1)), m.group(2).strip()
             if level == 2:
                 section = title.strip("`") if title.startswith("`") else None
+                top_level = title == "Top-level keys"  # keys outside every section (plugins)
                 kind = name = None
             elif level == 3:
                 kind, name = PART_KINDS.get((section, title.lower())), None
@@ -163,8 +164,8 @@ def config_md_tables() -> dict[tuple, set[str]]:
                 name = title.strip("`")
             continue
         row = re.match(r"\| `([a-z_0-9]+)` \|", line)
-        if row and section:
-            tables.setdefault((section, kind, name), set()).add(row.group(1))
+        if row and (section or top_level):
+            tables.setdefault((section or "top-level", kind, name), set()).add(row.group(1))
     return tables
 
 
@@ -199,7 +200,13 @@ def test_every_config_key_is_in_its_sections_table():
         stale.extend(f"{where}.{k}" for k in sorted(documented - expected - fields))
 
     cfg = Config()
+    plain = {f.name for f in dataclasses.fields(Config) if not dataclasses.is_dataclass(getattr(cfg, f.name))}
+    plain -= {"loss"}  # a list of loss sections, checked below
+    if plain != tables.get(("top-level", None, None), set()):
+        missing.append(f"top-level keys {sorted(plain)} vs the 'Top-level keys' table")
     for section in dataclasses.fields(Config):
+        if section.name in plain:
+            continue
         if section.name == "loss":  # the base of every loss: LossConfig's keys
             check("loss", LossConfig, ("loss", None, None), {"type"})
             continue

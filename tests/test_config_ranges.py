@@ -16,6 +16,8 @@ from onmt_doc.config import Config, config_from_dict, config_to_dict, load_confi
 from onmt_doc.errors import ConfigError
 from onmt_doc.registry import registry_for
 
+pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
+
 # ------------------------------------------------------------------------------ helpers
 
 # a natural partner for each registered encoder and decoder (builds without unit mismatches)
@@ -75,8 +77,8 @@ def every_key() -> list[tuple[str, dataclasses.Field, type, typing.Callable[[obj
                 found.append((f"{label}.{f.name}", f, tp, setter))
 
     for section in dataclasses.fields(Config):
-        if section.metadata.get("part"):
-            continue
+        if section.metadata.get("part") or not dataclasses.is_dataclass(typing.get_type_hints(Config)[section.name]):
+            continue  # top-level plain keys (plugins: a list of paths) hold no numbers
         walk(typing.get_type_hints(Config)[section.name], section.name, lambda v, s=section.name: {s: v})
     walk(typing.get_type_hints(Config)["optim"], "optim", lambda v: {"optim": v})
     for kind, label in PART_SECTIONS.items():

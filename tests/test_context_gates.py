@@ -35,6 +35,8 @@ from onmt_doc.modules.context_gate import OutputNormResidual
 from onmt_doc.train import distributed
 from onmt_doc.train.trainer import Trainer, train
 
+pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
+
 ENCODER = {"type": "transformer", "layers": 1, "heads": 4, "ff": 64}
 
 
@@ -165,7 +167,7 @@ def test_z_star_cache_records_its_normaliser(tmp_path):
 
 def test_table_round_trip_and_vocabulary_check(toy_dir, tmp_path):
     cfg = config_from_dict(tiny_config(toy_dir, tmp_path / "run"))
-    codec = build_codec(cfg, str(tmp_path / "run"))
+    codec = build_codec(cfg.data, cfg.vocab, str(tmp_path / "run"))
     table = build_table(str(toy_dir / "train.src"), str(toy_dir / "train.tgt"), codec)
     table.save(str(tmp_path / "table"))  # exactly this name, no suffix added
     loaded = PMITable.load(str(tmp_path / "table"), codec)
@@ -187,18 +189,19 @@ def test_table_round_trip_and_vocabulary_check(toy_dir, tmp_path):
 
 
 @pytest.mark.parametrize("norm", ["paper", "pre", "post"])
-def test_gated_stepwise_equals_teacher_forced(norm):
-    model, _ = random_model(gated(norm))
-    assert_stepwise_matches(model, random_batch(SIZES), torch.tensor([2, 0, 3, 1]), reorder_at=3)
+def test_gated_stepwise_equals_teacher_forced(norm, device):
+    model, _ = random_model(gated(norm), device=device)
+    assert_stepwise_matches(model, random_batch(SIZES, device=device), torch.tensor([2, 0, 3, 1]), reorder_at=3)
 
 
-def test_gated_beam_internal_reorder_keeps_source_fields():
-    model, _ = random_model(gated())
-    batch = random_batch(SIZES[:2])
-    k, within = 3, torch.tensor([2, 0, 1, 4, 5, 3])
+def test_gated_beam_internal_reorder_keeps_source_fields(device):
+    model, _ = random_model(gated(), device=device)
+    batch = random_batch(SIZES[:2], device=device)
+    k, within = 3, torch.tensor([2, 0, 1, 4, 5, 3], device=device)
     with torch.no_grad():
         forced = full_log_probs(model, batch).repeat_interleave(k, 0)
-        state = model.init_state(model.encode(batch), batch).reorder(torch.arange(2).repeat_interleave(k))
+        expand = torch.arange(2, device=device).repeat_interleave(k)
+        state = model.init_state(model.encode(batch), batch).reorder(expand)
         tgt, steps = batch.tgt_in.repeat_interleave(k, 0), []
         for t in range(tgt.size(1)):
             if t == 2:
@@ -328,7 +331,8 @@ def test_z_star_is_a_data_field_cached_with_the_binarized_data(toy_dir, tmp_path
     cfg = tiny_config(toy_dir, tmp_path / "run", data={"cache_dir": str(cache)})
     cfg["model"]["decoder"] = {"type": "gated_transformer", "layers": 1, "heads": 4, "ff": 64}
     cfg["loss"] = [{"type": "label_smoothed_ce"}, {"type": "pmi_gate_hinge", "table": str(tmp_path / "pmi.npz")}]
-    codec = build_codec(config_from_dict(cfg), str(tmp_path / "run"))
+    sections = config_from_dict(cfg)
+    codec = build_codec(sections.data, sections.vocab, str(tmp_path / "run"))
     table = build_table(str(toy_dir / "train.src"), str(toy_dir / "train.tgt"), codec)
     table.save(str(tmp_path / "pmi.npz"))
     trainer = Trainer(config_from_dict(cfg), distributed.init_distributed("cpu"))
@@ -362,7 +366,8 @@ def test_regularized_gated_model_learns_toy(toy_dir, tmp_path):
         {"type": "label_smoothed_ce", "smoothing": 0.1},
         {"type": "pmi_gate_hinge", "weight": 1.0, "table": str(tmp_path / "pmi.npz")},
     ]
-    codec = build_codec(config_from_dict(cfg), str(run))
+    sections = config_from_dict(cfg)
+    codec = build_codec(sections.data, sections.vocab, str(run))
     build_table(str(toy_dir / "train.src"), str(toy_dir / "train.tgt"), codec).save(str(tmp_path / "pmi.npz"))
     metrics = train(config_from_dict(cfg))
     assert metrics["acc"] > 85.0 and metrics["ppl"] < 2.0, metrics
@@ -420,7 +425,8 @@ def test_large_lambda_moves_gates_to_the_side_z_star_names(tmp_path):
         {"type": "label_smoothed_ce"},
         {"type": "pmi_gate_hinge", "weight": 20.0, "table": str(tmp_path / "pmi.npz")},
     ]
-    codec = build_codec(config_from_dict(cfg), str(tmp_path / "run"))
+    sections = config_from_dict(cfg)
+    codec = build_codec(sections.data, sections.vocab, str(tmp_path / "run"))
     build_table(str(data / "train.src"), str(data / "train.tgt"), codec).save(str(tmp_path / "pmi.npz"))
     trainer = Trainer(config_from_dict(cfg), distributed.init_distributed("cpu"))
     particles = [codec.tgt_vocab.stoi[f"p{w}"] for w in range(10)]

@@ -21,6 +21,8 @@ from onmt_doc.models.checkpoint import load_checkpoint
 from onmt_doc.train.distributed import DistContext
 from onmt_doc.train.trainer import Trainer, train
 
+pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
+
 
 def lines_of(toy: Path, out: Path, name: str, start: int, stop: int, documents: bool = True) -> dict:
     """Lines ``start:stop`` of the toy training files as a corpus ``{src, tgt}`` (blank lines

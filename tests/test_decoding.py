@@ -39,7 +39,9 @@ def stepwise_log_probs(model, batch, tgt_in, reorder_at=None, perm=None):
 
 def assert_stepwise_matches(model, batch, perm: torch.Tensor, reorder_at: int = 2) -> None:
     """Stepwise decoding gives the teacher-forced log-probabilities (1e-5), also when the rows are
-    permuted by ``perm`` before step ``reorder_at`` (as beam search reorders its state)."""
+    permuted by ``perm`` before step ``reorder_at`` (as beam search reorders its state). Runs on
+    the batch's device (``perm`` is moved there)."""
+    perm = perm.to(batch.src.device)
     with torch.no_grad():
         forced = full_log_probs(model, batch)
         stepped = stepwise_log_probs(model, batch, batch.tgt_in)
@@ -50,9 +52,9 @@ def assert_stepwise_matches(model, batch, perm: torch.Tensor, reorder_at: int = 
 
 
 @pytest.mark.parametrize("section", [TRANSFORMER, POST_NORM], ids=["pre_norm", "post_norm"])
-def test_stepwise_equals_teacher_forced(section):
-    model, _ = random_model(section)
-    batch = random_batch(SIZES)
+def test_stepwise_equals_teacher_forced(section, device):
+    model, _ = random_model(section, device=device)
+    batch = random_batch(SIZES, device=device)
     with torch.no_grad():
         forced = full_log_probs(model, batch)
         stepped = stepwise_log_probs(model, batch, batch.tgt_in)
@@ -60,11 +62,11 @@ def test_stepwise_equals_teacher_forced(section):
     assert torch.allclose(forced[mask], stepped[mask], atol=1e-5), (forced - stepped)[mask].abs().max()
 
 
-def test_stepwise_equals_teacher_forced_after_reorder():
+def test_stepwise_equals_teacher_forced_after_reorder(device):
     """Reordering the state mid-sequence (as beam search does) keeps every row consistent."""
-    model, _ = random_model(TRANSFORMER)
-    batch = random_batch(SIZES)
-    perm = torch.tensor([2, 0, 3, 1])
+    model, _ = random_model(TRANSFORMER, device=device)
+    batch = random_batch(SIZES, device=device)
+    perm = torch.tensor([2, 0, 3, 1], device=device)
     with torch.no_grad():
         forced = full_log_probs(model, batch)[perm]
         stepped = stepwise_log_probs(model, batch, batch.tgt_in, reorder_at=3, perm=perm)
@@ -72,16 +74,17 @@ def test_stepwise_equals_teacher_forced_after_reorder():
     assert torch.allclose(forced[mask], stepped[mask], atol=1e-5)
 
 
-def test_beam_internal_reorder_keeps_source_fields():
+def test_beam_internal_reorder_keeps_source_fields(device):
     """Rows expanded per beam and shuffled within their sentence (same_sources=True) still match."""
-    model, _ = random_model(TRANSFORMER)
-    batch = random_batch(SIZES[:2])
+    model, _ = random_model(TRANSFORMER, device=device)
+    batch = random_batch(SIZES[:2], device=device)
     k = 3
     with torch.no_grad():
         forced = full_log_probs(model, batch)
-        state = model.init_state(model.encode(batch), batch).reorder(torch.arange(2).repeat_interleave(k))
+        expand = torch.arange(2, device=device).repeat_interleave(k)
+        state = model.init_state(model.encode(batch), batch).reorder(expand)
         tgt = batch.tgt_in.repeat_interleave(k, 0)
-        within = torch.tensor([2, 0, 1, 4, 5, 3])  # beams move only inside their sentence
+        within = torch.tensor([2, 0, 1, 4, 5, 3], device=device)  # beams move only inside their sentence
         steps = []
         for t in range(tgt.size(1)):
             if t == 2:
@@ -96,10 +99,10 @@ def test_beam_internal_reorder_keeps_source_fields():
     assert torch.allclose(expected[mask], stepped[mask], atol=1e-5)
 
 
-def test_beam_scores_equal_forced_decoding():
+def test_beam_scores_equal_forced_decoding(device):
     """Each hypothesis' log-probability equals the teacher-forced log-probability of its tokens."""
-    model, _ = random_model(TRANSFORMER, seed=3)
-    batch = random_batch(SIZES)
+    model, _ = random_model(TRANSFORMER, seed=3, device=device)
+    batch = random_batch(SIZES, device=device)
     search = BeamSearch(beam=4, n_best=3, penalty=GNMTPenalty(1.0), max_len_ratio=1.0, max_len_add=4)
     with torch.no_grad():
         results = search.search(model, batch)
@@ -108,9 +111,9 @@ def test_beam_scores_equal_forced_decoding():
             assert 1 <= len(hyps) <= 3
             assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
             for h in hyps:
-                tokens = torch.tensor([h.tokens + [EOS_ID]])
-                tgt_in = torch.cat([torch.tensor([[batch.tgt_in[0, 0]]]), tokens[:, :-1]], 1)
-                sub = random_batch([(1, 1)])
+                tokens = torch.tensor([h.tokens + [EOS_ID]], device=device)
+                tgt_in = torch.cat([batch.tgt_in[:1, :1], tokens[:, :-1]], 1)
+                sub = random_batch([(1, 1)], device=device)
                 sub.src, sub.src_groups = batch.src[row : row + 1], batch.src_groups[row : row + 1]
                 sub.tgt_in, sub.tgt_out = tgt_in, tokens
                 from onmt_doc.contracts import EncoderOut
@@ -122,11 +125,11 @@ def test_beam_scores_equal_forced_decoding():
                 assert abs(h.score - h.log_prob / lp_len) < 1e-5
 
 
-def test_greedy_equals_argmax_of_forced_pass():
+def test_greedy_equals_argmax_of_forced_pass(device):
     """Beam 1 picks, at every step, the argmax of the teacher-forced distribution of its own output
     (sentence markup: ``<s>`` after ``<bos>``, ``<eos>`` after ``</s>`` and at the length cap)."""
-    model, _ = random_model(TRANSFORMER, seed=5)
-    batch = random_batch(SIZES)
+    model, _ = random_model(TRANSFORMER, seed=5, device=device)
+    batch = random_batch(SIZES, device=device)
     with torch.no_grad():
         hyps = BeamSearch(beam=1, penalty=GNMTPenalty(0.0), max_len_ratio=1.0, max_len_add=5).search(model, batch)
         enc = model.encode(batch)
@@ -141,7 +144,7 @@ def test_greedy_equals_argmax_of_forced_pass():
             forced[max_len <= t] = EOS_ID
             # no empty sentence: no </s>/<eos> before a word, <s> only at the start, no pad/bos/mask
             lp[:, [PAD_ID, BOS_ID, MASK_ID, SOS_ID]] = float("-inf")
-            no_word = torch.tensor([len(g) <= 1 for g in greedy])  # only <s> so far
+            no_word = torch.tensor([len(g) <= 1 for g in greedy], device=device)  # only <s> so far
             lp[no_word, EOS_SENT_ID] = lp[no_word, EOS_ID] = float("-inf")
             tokens = torch.where(forced >= 0, forced, lp.argmax(-1))
             for i in range(len(SIZES)):
@@ -153,11 +156,11 @@ def test_greedy_equals_argmax_of_forced_pass():
     assert [h[0].tokens for h in hyps] == greedy
 
 
-def test_finished_sentences_leave_the_batch_without_changing_results():
+def test_finished_sentences_leave_the_batch_without_changing_results(device):
     """A sentence's result does not depend on which other sentences share its batch."""
-    model, _ = random_model(TRANSFORMER, seed=7)
+    model, _ = random_model(TRANSFORMER, seed=7, device=device)
     search = BeamSearch(beam=3, penalty=GNMTPenalty(0.6), max_len_ratio=1.5, max_len_add=3)
-    batch = random_batch(SIZES, seed=4)
+    batch = random_batch(SIZES, seed=4, device=device)
     with torch.no_grad():
         together = search.search(model, batch)
         for i in range(len(SIZES)):
@@ -172,11 +175,11 @@ def test_finished_sentences_leave_the_batch_without_changing_results():
             assert abs(alone[0][0].score - together[i][0].score) < 1e-4
 
 
-def test_sentence_hypotheses_follow_the_markup():
+def test_sentence_hypotheses_follow_the_markup(device):
     """Every hypothesis of a sentence model is ``<s> … </s>`` (``</s>`` only last) or was cut at
     the length cap, even from an untrained model that prefers other tokens."""
-    model, _ = random_model(TRANSFORMER, seed=11)
-    batch = random_batch(SIZES, seed=2)
+    model, _ = random_model(TRANSFORMER, seed=11, device=device)
+    batch = random_batch(SIZES, seed=2, device=device)
     with torch.no_grad():
         results = BeamSearch(beam=3, n_best=3, max_len_ratio=1.0, max_len_add=6).search(model, batch)
     caps = model.decoder.max_output_lengths(batch, LengthLimit(1.0, 6))

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from onmt_doc.modules.dropout import Dropout
+
+pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
 
 
 def test_rate_and_scale_match_inverted_dropout():

@@ -31,6 +31,8 @@ from onmt_doc.translate.ensemble import EnsembleModel, load_models
 from onmt_doc.translate.forced_decoding import sentence_log_probs
 from onmt_doc.translate.translator import Translator
 
+pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
+
 MHPLSTM = {"encoder": TRANSFORMER["encoder"], "decoder": {"type": "mhplstm", "layers": 2, "heads": 4, "ff": 64}}
 GATED = {"encoder": TRANSFORMER["encoder"], "decoder": {"type": "gated_transformer", "layers": 2, "heads": 4, "ff": 64}}
 REFORMER = {"encoder": {"type": "embedding"}, "decoder": {"type": "reformer", "layers": 2, "heads": 4, "ff": 64}}
@@ -79,13 +81,13 @@ def _ckpt(run: Path) -> str:
 
 # ------------------------------------------------------------------------------ one model
 @pytest.mark.parametrize("name", CASES)
-def test_an_ensemble_of_one_model_equals_the_model(name):
+def test_an_ensemble_of_one_model_equals_the_model(name, device):
     """Step log-probabilities, teacher-forced log-probabilities and forced-decoding sentence scores
     of a one-model ensemble are the model's (1e-6), for every unit."""
     section, make_batch = CASES[name]
-    model, _ = random_model(section, seed=3)
+    model, _ = random_model(section, seed=3, device=device)
     ensemble = EnsembleModel([model]).eval()
-    batch = make_batch()
+    batch = make_batch().to(device)
     mask = batch.tgt_out.ne(PAD_ID)
     n_sents = [int(batch.tgt_out[r].eq(EOS_SENT_ID).sum()) for r in range(batch.size)]
     with torch.no_grad():
@@ -103,11 +105,12 @@ def test_load_models_with_one_path_is_load_model(trained_run):
     assert cfg.translate.beam == 3 and codec.tgt_vocab.itos[: len(SPECIALS)] == list(SPECIALS)
 
 
-def test_an_ensemble_of_a_model_with_itself_translates_like_the_model(trained_run, toy_dir):
+def test_an_ensemble_of_a_model_with_itself_translates_like_the_model(trained_run, toy_dir, device):
     """Averaging a distribution with itself changes nothing: the same beam-4 translations."""
     path = _ckpt(trained_run)
     model, cfg, codec = load_models([path])
     ensemble, cfg2, _ = load_models([path, path])
+    model, ensemble = model.to(device), ensemble.to(device)  # the Translator runs on the model's device
     assert isinstance(ensemble, EnsembleModel) and len(ensemble.members) == 2
     docs = _test_lines(toy_dir, 12)
     options = config_from_dict({"translate": {"beam": 4}}).translate
@@ -118,14 +121,15 @@ def test_an_ensemble_of_a_model_with_itself_translates_like_the_model(trained_ru
 
 
 # ------------------------------------------------------------------------------ two models
-def test_two_trained_models_average_their_probabilities(trained_run, second_run, toy_dir):
+def test_two_trained_models_average_their_probabilities(trained_run, second_run, toy_dir, device):
     """The ensemble's step log-probabilities are (log p1 + log p2) / 2 of the members' own step
     outputs (the default, ``log_prob``) or log((p1 + p2) / 2) (``prob``), and its translations differ
     from each member's."""
     (a, cfg, codec), (b, _, _) = load_models([_ckpt(trained_run)]), load_models([_ckpt(second_run)])
     ensemble, _, _ = load_models([_ckpt(trained_run), _ckpt(second_run)])
+    a, b, ensemble = a.to(device), b.to(device), ensemble.to(device)  # the Translators run on this device
     assert ensemble.average == "log_prob"
-    batch = random_batch(SIZES)
+    batch = random_batch(SIZES, device=device)
     batch.src.clamp_(max=len(codec.src_vocab) - 1)
     batch.tgt_in.clamp_(max=len(codec.tgt_vocab) - 1)
     mask = batch.tgt_in.ne(PAD_ID)
@@ -144,26 +148,26 @@ def test_two_trained_models_average_their_probabilities(trained_run, second_run,
     assert outs[2] != outs[0] and outs[2] != outs[1]
 
 
-def test_mixed_architectures_step_like_their_teacher_forced_pass():
+def test_mixed_architectures_step_like_their_teacher_forced_pass(device):
     """A Transformer and an MHPLSTM with one vocabulary: stepwise ensemble decoding (with a beam
     reorder mid-way) equals the teacher-forced ensemble pass (1e-5), and beam search runs on it."""
-    (t, codec), (m, _) = random_model(TRANSFORMER, seed=1), random_model(MHPLSTM, seed=2)
+    (t, codec), (m, _) = random_model(TRANSFORMER, seed=1, device=device), random_model(MHPLSTM, seed=2, device=device)
     ensemble = EnsembleModel([t, m]).eval()
-    assert_stepwise_matches(ensemble, random_batch(SIZES), torch.tensor([2, 0, 3, 1]))
+    assert_stepwise_matches(ensemble, random_batch(SIZES, device=device), torch.tensor([2, 0, 3, 1]))
     cfg = config_from_dict({"translate": {"beam": 3}})
     out = Translator(ensemble, codec, cfg).translate_documents([[f"w{i} w{i + 1} w3" for i in range(5)]])
     assert len(out[0]) == 5 and all(line.strip() for line in out[0])
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_two_model_ensembles_step_like_their_teacher_forced_pass(name):
+def test_two_model_ensembles_step_like_their_teacher_forced_pass(name, device):
     """Two members of every decoder (two seeds): stepwise decoding with a reorder mid-way equals the
     teacher-forced ensemble pass, so each member's decoding state is carried and reordered right;
     the steps are the log of the members' mean probability (``prob``), computed from their own steps."""
     section, make_batch = CASES[name]
-    members = [random_model(section, seed=1)[0], random_model(section, seed=2)[0]]
+    members = [random_model(section, seed=1, device=device)[0], random_model(section, seed=2, device=device)[0]]
     ensemble = EnsembleModel(members, average="prob").eval()
-    batch = make_batch()
+    batch = make_batch().to(device)
     assert_stepwise_matches(ensemble, batch, torch.arange(batch.size).flip(0))
     with torch.no_grad():
         p1, p2 = (stepwise_log_probs(m, batch, batch.tgt_in).double().exp() for m in members)
@@ -174,10 +178,11 @@ def test_two_model_ensembles_step_like_their_teacher_forced_pass(name):
     assert (p1 - p2)[mask].abs().max() > 1e-3  # the two seeds really differ
 
 
-def test_a_g_transformer_ensemble_keeps_the_sentence_count():
+def test_a_g_transformer_ensemble_keeps_the_sentence_count(device):
     """Two G-Transformers (two seeds): every raw document hypothesis has the source's ``<s> … </s>``
-    groups, so no line is padded or merged."""
-    ensemble = EnsembleModel([random_model(G, seed=7)[0], random_model(G, seed=8)[0]]).eval()
+    groups, so no line is padded or merged (the Translator runs on the members' device)."""
+    members = [random_model(G, seed=7, device=device)[0], random_model(G, seed=8, device=device)[0]]
+    ensemble = EnsembleModel(members).eval()
     _, codec = random_model(G, seed=7)
     docs = [[f"w{i % 9} w{(i * 3) % 11} w5" for i in range(n)] for n in (1, 2, 5, 9)]
     cfg = config_from_dict({"data": {"max_tokens": 24}, "translate": {"beam": 3, "max_len_add": 2}})
@@ -256,9 +261,10 @@ def test_an_ensemble_of_different_architectures_loads(tmp_path):
     assert [type(m.decoder).__name__ for m in ensemble.members] == ["TransformerDecoder", "MHPLSTMDecoder"]
 
 
-def test_an_hm_gdc_ensemble_keeps_one_line_per_sentence():
+def test_an_hm_gdc_ensemble_keeps_one_line_per_sentence(device):
     """HM-GDC members in one ensemble: context windows keep one output line per input line."""
-    ensemble = EnsembleModel([random_model(HM_GDC, seed=1)[0], random_model(HM_GDC, seed=2)[0]]).eval()
+    members = [random_model(HM_GDC, seed=1, device=device)[0], random_model(HM_GDC, seed=2, device=device)[0]]
+    ensemble = EnsembleModel(members).eval()
     _, codec = random_model(HM_GDC)
     cfg = config_from_dict({"data": {"max_sentences": 2}, "translate": {"beam": 2}})
     docs = [[f"w{i} w{i + 2}" for i in range(n)] for n in (3, 1, 4)]

@@ -18,6 +18,8 @@ from onmt_doc.toy.contrastive_suite import write_toy_suite
 from onmt_doc.toy.corpus import ALL_PRONOUN_FORMS
 from onmt_doc.translate.translator import Translator
 
+pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
+
 EVALUATE = module_cmd("onmt_doc.bin.evaluate")
 TRANSLATE = module_cmd("onmt_doc.bin.translate")
 G_TINY = {

@@ -32,6 +32,8 @@ from onmt_doc.export.ctranslate2 import (  # noqa: E402
     translation_options,
 )
 
+pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
+
 N_TEST = 60  # toy test sentences compared
 
 

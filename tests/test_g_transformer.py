@@ -25,6 +25,8 @@ from onmt_doc.train.trainer import train
 from onmt_doc.translate.search import BeamSearch
 from onmt_doc.translate.translator import Translator
 
+pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
+
 G = {
     "encoder": {"type": "g_transformer", "layers": 3, "heads": 4, "ff": 64, "global_layers": 1},
     "decoder": {
@@ -61,7 +63,7 @@ def dense_reference(q, k, v, q_tags, q_keep, k_tags, k_keep, causal):
     allowed = (q_tags[:, :, None] == k_tags[:, None, :]) | (q_tags[:, :, None] == 0)
     allowed = allowed & k_keep[:, None, :] & q_keep[:, :, None]
     if causal:
-        allowed = allowed & torch.ones(q.size(2), k.size(2), dtype=torch.bool).tril()
+        allowed = allowed & torch.ones(q.size(2), k.size(2), dtype=torch.bool, device=q.device).tril()
     scores = (q @ k.transpose(-1, -2)) / q.size(-1) ** 0.5
     scores = scores.masked_fill(~allowed[:, None], float("-inf"))
     probs = scores.softmax(-1).nan_to_num(0.0)  # queries without keys: zero output
@@ -83,13 +85,13 @@ def random_tags(rng, lengths_per_row, n, with_bos):
 
 
 @pytest.mark.parametrize("causal,with_bos", [(False, False), (True, True), (True, False)])
-def test_packed_self_attention_equals_dense_reference(causal, with_bos):
+def test_packed_self_attention_equals_dense_reference(causal, with_bos, device):
     rng = np.random.default_rng(1)
     rows = [[3, 7, 1, 5], [9], [2, 2, 6], [4, 1]]
     n = 1 + max(sum(r) for r in rows)
-    tags, keep = random_tags(rng, rows, n, with_bos)
+    tags, keep = (t.to(device) for t in random_tags(rng, rows, n, with_bos))
     torch.manual_seed(0)
-    q, k, v = (torch.randn(len(rows), 2, n, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    q, k, v = (torch.randn(len(rows), 2, n, 8, dtype=torch.float64).to(device).requires_grad_() for _ in range(3))
     packed = group_attend(plan_self(tags, keep, causal), q, k, v)
     dense = dense_reference(q, k, v, tags, keep, tags, keep, causal)
     sel = keep[:, None, :, None].expand_as(packed)
@@ -101,14 +103,14 @@ def test_packed_self_attention_equals_dense_reference(causal, with_bos):
         assert torch.allclose(gp, gd, atol=1e-5)
 
 
-def test_packed_cross_attention_equals_dense_reference():
+def test_packed_cross_attention_equals_dense_reference(device):
     """Target sentence k attends source sentence k; <bos> sees the whole source; a target sentence
     without a source sentence gets a zero output."""
-    src_tags, src_keep = random_tags(None, [[4, 2, 6], [3], [5, 5]], 12, with_bos=False)
-    tgt_tags, tgt_keep = random_tags(None, [[2, 5, 1], [4], [3, 1, 2]], 10, with_bos=True)
+    src_tags, src_keep = (t.to(device) for t in random_tags(None, [[4, 2, 6], [3], [5, 5]], 12, with_bos=False))
+    tgt_tags, tgt_keep = (t.to(device) for t in random_tags(None, [[2, 5, 1], [4], [3, 1, 2]], 10, with_bos=True))
     torch.manual_seed(0)
-    q = torch.randn(3, 2, 10, 8, dtype=torch.float64, requires_grad=True)
-    k, v = (torch.randn(3, 2, 12, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    q = torch.randn(3, 2, 10, 8, dtype=torch.float64).to(device).requires_grad_()
+    k, v = (torch.randn(3, 2, 12, 8, dtype=torch.float64).to(device).requires_grad_() for _ in range(2))
     packed = group_attend(plan_cross(tgt_tags, tgt_keep, src_tags, src_keep), q, k, v)
     dense = dense_reference(q, k, v, tgt_tags, tgt_keep, src_tags, src_keep, causal=False)
     sel = tgt_keep[:, None, :, None].expand_as(packed)
@@ -133,9 +135,9 @@ def test_group_attention_never_builds_an_n_by_n_mask():
 
 # ---------------------------------------------------------------- decoding
 @pytest.mark.parametrize("section", [G, DOC_TRANSFORMER], ids=["g_transformer", "doc_transformer"])
-def test_stepwise_equals_teacher_forced(section):
-    model, _ = random_model(section)
-    batch = doc_batch()
+def test_stepwise_equals_teacher_forced(section, device):
+    model, _ = random_model(section, device=device)
+    batch = doc_batch().to(device)
     with torch.no_grad():
         forced = full_log_probs(model, batch)
         stepped = stepwise_log_probs(model, batch, batch.tgt_in)
@@ -143,10 +145,10 @@ def test_stepwise_equals_teacher_forced(section):
     assert torch.allclose(forced[mask], stepped[mask], atol=1e-5), (forced - stepped)[mask].abs().max()
 
 
-def test_stepwise_equals_teacher_forced_after_reorder_with_tags():
-    model, _ = random_model(G, seed=3)
-    batch = doc_batch(seed=2)
-    perm = torch.tensor([2, 0, 3, 1])
+def test_stepwise_equals_teacher_forced_after_reorder_with_tags(device):
+    model, _ = random_model(G, seed=3, device=device)
+    batch = doc_batch(seed=2).to(device)
+    perm = torch.tensor([2, 0, 3, 1], device=device)
     with torch.no_grad():
         forced = full_log_probs(model, batch)[perm]
         state = model.init_state(model.encode(batch), batch)
@@ -166,11 +168,11 @@ def test_stepwise_equals_teacher_forced_after_reorder_with_tags():
     assert torch.allclose(forced[mask], stepped[mask], atol=1e-5)
 
 
-def test_stepwise_sentence_caches_grow_past_their_initial_capacity():
+def test_stepwise_sentence_caches_grow_past_their_initial_capacity(device):
     """With every caps at one word the sentence caches start at 4 slots; teacher-forced targets of
     up to 6 words make them grow, and the scores still equal the teacher-forced pass."""
-    model, _ = random_model(G, seed=5)
-    batch = doc_batch(seed=4)
+    model, _ = random_model(G, seed=5, device=device)
+    batch = doc_batch(seed=4).to(device)
     with torch.no_grad():
         forced = full_log_probs(model, batch)
         state = model.init_state(model.encode(batch), batch, LengthLimit(ratio=0.0, add=1))
@@ -186,18 +188,18 @@ def test_stepwise_sentence_caches_grow_past_their_initial_capacity():
 
 
 @pytest.mark.parametrize("section", [G, DOC_TRANSFORMER], ids=["g_transformer", "doc_transformer"])
-def test_stepwise_prefix_caches_grow_past_their_initial_capacity(section):
+def test_stepwise_prefix_caches_grow_past_their_initial_capacity(section, device):
     """The global self-attention caches (the whole prefix, written in place) start at 2 slots here
     and double as the instance grows; the scores still equal the teacher-forced pass, also after a
     beam-style reorder in the middle."""
-    model, _ = random_model(section, seed=6)
-    batch = doc_batch(seed=5)
-    perm = torch.tensor([1, 1, 3, 0])  # a row copied over another, as beam search does
+    model, _ = random_model(section, seed=6, device=device)
+    batch = doc_batch(seed=5).to(device)
+    perm = torch.tensor([1, 1, 3, 0], device=device)  # a row copied over another, as beam search does
     with torch.no_grad():
         forced = full_log_probs(model, batch)
         state = model.init_state(model.encode(batch), batch)
         state.prefix_capacity = 2
-        out, rows = [], torch.arange(batch.size)
+        out, rows = [], torch.arange(batch.size, device=device)
         for t in range(batch.tgt_in.size(1)):
             if t == 5:
                 state, rows, out = state.reorder(perm), rows[perm], [o[perm] for o in out]
@@ -249,11 +251,12 @@ def test_group_attention_isolates_sentences_in_the_lower_layers():
         assert torch.allclose(a, b, atol=1e-6) != changes
 
 
-def test_document_beam_search_keeps_the_source_sentence_count_untrained():
+def test_document_beam_search_keeps_the_source_sentence_count_untrained(device):
     """The raw beam output (before ``split_sentences``, which would pad or merge to the source
     count anyway) of an untrained model has exactly the source's ``<s> … </s>`` groups, for
-    every instance, including documents cut into several instances by data.max_tokens."""
-    model, codec = random_model(G, seed=7)
+    every instance, including documents cut into several instances by data.max_tokens (the
+    Translator runs on the model's device)."""
+    model, codec = random_model(G, seed=7, device=device)
     docs = [[f"w{i % 9} w{(i * 3) % 11} w5" for i in range(n)] for n in (1, 2, 5, 9)]
     docs.append(["w1", "", "w2 w3"])  # an empty sentence inside
     cfg = config_from_dict({"data": {"max_tokens": 24}, "translate": {"beam": 3, "max_len_add": 2}})
@@ -272,11 +275,11 @@ def test_document_beam_search_keeps_the_source_sentence_count_untrained():
         assert all(o < c for o, c in zip(opens, closes)) and all(c < o for c, o in zip(closes, opens[1:]))
 
 
-def test_constraints_force_the_structure_and_sentence_caps():
+def test_constraints_force_the_structure_and_sentence_caps(device):
     """Beam search hypotheses: <s> after <bos> and every </s>, no empty sentence unless capped at
     zero, at most cap words per sentence, exactly the source's number of sentences."""
-    model, _ = random_model(G, seed=8)
-    batch = doc_batch(seed=5)
+    model, _ = random_model(G, seed=8, device=device)
+    batch = doc_batch(seed=5).to(device)
     with torch.no_grad():
         hyps = BeamSearch(beam=4, n_best=4, max_len_ratio=1.0, max_len_add=1).search(model, batch)
     for row, sents in enumerate(DOCS):

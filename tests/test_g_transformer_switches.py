@@ -167,10 +167,10 @@ def test_post_norm_normalises_every_block_output_and_drops_the_final_norm(pre_no
 
 # ---------------------------------------------------------------- decoding under every switch
 @pytest.mark.parametrize("name", list(SWITCHES))
-def test_stepwise_equals_teacher_forced_under_every_switch(name):
-    model, _ = random_model(SWITCHES[name], seed=3)
-    batch = doc_batch(seed=1)
-    perm = torch.tensor([2, 0, 3, 1])
+def test_stepwise_equals_teacher_forced_under_every_switch(name, device):
+    model, _ = random_model(SWITCHES[name], seed=3, device=device)
+    batch = doc_batch(seed=1).to(device)
+    perm = torch.tensor([2, 0, 3, 1], device=device)
     with torch.no_grad():
         forced = full_log_probs(model, batch)
         stepped = stepwise_log_probs(model, batch, batch.tgt_in)
@@ -181,11 +181,11 @@ def test_stepwise_equals_teacher_forced_under_every_switch(name):
 
 
 @pytest.mark.parametrize("name", list(SWITCHES))
-def test_document_beam_search_keeps_the_structure_under_every_switch(name):
+def test_document_beam_search_keeps_the_structure_under_every_switch(name, device):
     """Every hypothesis of a 4-beam search has the source's sentences, each ``<s> … </s>`` with at
     least one and at most its cap of words."""
-    model, _ = random_model(SWITCHES[name], seed=8)
-    batch = doc_batch(seed=5)
+    model, _ = random_model(SWITCHES[name], seed=8, device=device)
+    batch = doc_batch(seed=5).to(device)
     with torch.no_grad():
         hyps = BeamSearch(beam=4, n_best=4, max_len_ratio=1.0, max_len_add=1).search(model, batch)
     for row, sents in enumerate(DOCS):

@@ -15,11 +15,12 @@ SRC_ROWS = [[2, 31, 1, 6, 17], [40], [3, 3, 25, 2], [9, 1]]
 TGT_ROWS = [[3, 28, 2, 5, 20], [35], [1, 4, 30, 2], [8, 2, 3]]  # row 3's third sentence has no source
 
 
-def qkv(b: int, nq: int, nk: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def qkv(b: int, nq: int, nk: int, seed: int = 0, device="cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Drawn on the CPU (the same values on every device), then moved to ``device`` as leaves."""
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, 2, nq, 8, generator=g, dtype=torch.float64, requires_grad=True)
-    k, v = (torch.randn(b, 2, nk, 8, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
-    return q, k, v
+    q = torch.randn(b, 2, nq, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(b, 2, nk, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    return tuple(t.to(device).requires_grad_() for t in (q, k, v))
 
 
 def assert_same(plan_a, plan_b, q, k, v, keep):
@@ -47,29 +48,30 @@ def assert_equals_dense(plan, dense, q, k, v, keep):
 
 
 @pytest.mark.parametrize("causal,with_bos", [(False, False), (True, True)])
-def test_bucketed_self_attention_equals_single_bucket(causal, with_bos):
+def test_bucketed_self_attention_equals_single_bucket(causal, with_bos, device):
     n = 2 + max(sum(r) for r in SRC_ROWS)
-    tags, keep = random_tags(None, SRC_ROWS, n, with_bos)
+    tags, keep = (t.to(device) for t in random_tags(None, SRC_ROWS, n, with_bos))
     bucketed, single = plan_self(tags, keep, causal, overhead=0), plan_self(tags, keep, causal, overhead=ONE_BUCKET)
     assert len(single.buckets) == 1 and len(bucketed.buckets) > 3  # the test compares different packings
     real = int(keep.logical_and(tags.gt(0)).sum())
     assert sum(int(b.q_valid.sum()) for b in bucketed.buckets) == real
     assert sum(b.q_valid.numel() for b in bucketed.buckets) < single.buckets[0].q_valid.numel()
-    q, k, v = qkv(len(SRC_ROWS), n, n)
+    q, k, v = qkv(len(SRC_ROWS), n, n, device=device)
     assert_same(bucketed, single, q, k, v, keep)
     dense = dense_reference(q, k, v, tags, keep, tags, keep, causal)  # and both equal the N×N masks (eq. 8)
     assert_equals_dense(bucketed, dense, q, k, v, keep)
 
 
-def test_bucketed_cross_attention_equals_single_bucket():
+def test_bucketed_cross_attention_equals_single_bucket(device):
     """Target sentence k with source sentence k across buckets; a target sentence without a source
     sentence still gets a zero output."""
     src_tags, src_keep = random_tags(None, SRC_ROWS, 2 + max(sum(r) for r in SRC_ROWS), with_bos=False)
     tgt_tags, tgt_keep = random_tags(None, TGT_ROWS, 2 + max(sum(r) for r in TGT_ROWS), with_bos=True)
+    src_tags, src_keep, tgt_tags, tgt_keep = (t.to(device) for t in (src_tags, src_keep, tgt_tags, tgt_keep))
     bucketed = plan_cross(tgt_tags, tgt_keep, src_tags, src_keep, overhead=0)
     single = plan_cross(tgt_tags, tgt_keep, src_tags, src_keep, overhead=ONE_BUCKET)
     assert len(single.buckets) == 1 and len(bucketed.buckets) > 3
-    q, k, v = qkv(len(TGT_ROWS), tgt_tags.size(1), src_tags.size(1))
+    q, k, v = qkv(len(TGT_ROWS), tgt_tags.size(1), src_tags.size(1), device=device)
     assert_same(bucketed, single, q, k, v, tgt_keep)
     dense = dense_reference(q, k, v, tgt_tags, tgt_keep, src_tags, src_keep, causal=False)
     assert_equals_dense(bucketed, dense, q, k, v, tgt_keep)

@@ -28,6 +28,8 @@ from onmt_doc.train.trainer import train
 from onmt_doc.translate.search import BeamSearch
 from onmt_doc.translate.translator import Translator
 
+pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
+
 ENC = {"type": "hierarchical", "layers": 2, "heads": 4, "ff": 64, "doc_layers": 1}
 DEC = {"type": "doc_context", "layers": 2, "heads": 4, "ff": 64}
 BOTH = {"encoder": ENC, "decoder": DEC}
@@ -224,32 +226,35 @@ def test_batch_composition_and_length_buckets_do_not_change_log_probs(name, monk
 
 
 @pytest.mark.parametrize("name", ["both", "document", "own_decoder"])
-def test_stepwise_equals_teacher_forced_with_one_bucket_per_length(name, monkeypatch):
+def test_stepwise_equals_teacher_forced_with_one_bucket_per_length(name, monkeypatch, device):
     monkeypatch.setattr(row_buckets, "BUCKET_OVERHEAD", 0)
-    model, _ = random_model(VARIANTS[name])
-    assert_stepwise_matches(model, context_batch(random_docs([3, 1, 4])), torch.tensor([5, 0, 7, 2, 1, 6, 3, 4]))
+    model, _ = random_model(VARIANTS[name], device=device)
+    batch = context_batch(random_docs([3, 1, 4])).to(device)
+    assert_stepwise_matches(model, batch, torch.tensor([5, 0, 7, 2, 1, 6, 3, 4]))
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
-def test_stepwise_equals_teacher_forced(name):
-    model, _ = random_model(VARIANTS[name])
-    assert_stepwise_matches(model, context_batch(random_docs([3, 1, 4])), torch.tensor([5, 0, 7, 2, 1, 6, 3, 4]))
+def test_stepwise_equals_teacher_forced(name, device):
+    model, _ = random_model(VARIANTS[name], device=device)
+    batch = context_batch(random_docs([3, 1, 4])).to(device)
+    assert_stepwise_matches(model, batch, torch.tensor([5, 0, 7, 2, 1, 6, 3, 4]))
 
 
-def test_beam_expansion_and_internal_reorder_keep_document_context():
+def test_beam_expansion_and_internal_reorder_keep_document_context(device):
     """Rows repeated per beam (as beam search does) and shuffled within their sentence still see
-    their own document."""
-    model, _ = random_model(BOTH)
-    batch = context_batch(random_docs([3, 2]))
+    their own document. The shuffle is drawn on the CPU."""
+    model, _ = random_model(BOTH, device=device)
+    batch = context_batch(random_docs([3, 2])).to(device)
     k = 3
     with torch.no_grad():
         forced = full_log_probs(model, batch)
-        state = model.init_state(model.encode(batch), batch).reorder(torch.arange(batch.size).repeat_interleave(k))
+        expand = torch.arange(batch.size, device=device).repeat_interleave(k)
+        state = model.init_state(model.encode(batch), batch).reorder(expand)
         tgt = batch.tgt_in.repeat_interleave(k, 0)
         out = []
         for t in range(tgt.size(1)):
             if t == 2:  # shuffle beams inside each sentence
-                within = torch.cat([torch.randperm(k) + k * s for s in range(batch.size)])
+                within = torch.cat([torch.randperm(k) + k * s for s in range(batch.size)]).to(device)
                 state = state.reorder(within, same_sources=True)
                 tgt, out = tgt[within], [o[within] for o in out]
             lp, state = model.step(tgt[:, t], state)
@@ -407,13 +412,13 @@ def test_shared_document_layers_cannot_outnumber_sentence_layers():
 
 
 @pytest.mark.parametrize("name", ["both", "document", "own_decoder"])
-def test_beam_search_translates_each_document_as_if_it_were_alone(name):
+def test_beam_search_translates_each_document_as_if_it_were_alone(name, device):
     """Batch composition (other documents, finished rows leaving) never changes a translation."""
-    model, _ = random_model(VARIANTS[name], seed=3)
+    model, _ = random_model(VARIANTS[name], seed=3, device=device)
     docs = random_docs([3, 1, 4], seed=5)
     search = BeamSearch(beam=3, max_len_ratio=1.0, max_len_add=3)
-    together = [h[0].tokens for h in search.search(model, context_batch(docs))]
-    alone = [h[0].tokens for d in docs for h in search.search(model, context_batch([d]))]
+    together = [h[0].tokens for h in search.search(model, context_batch(docs).to(device))]
+    alone = [h[0].tokens for d in docs for h in search.search(model, context_batch([d]).to(device))]
     assert together == alone
 
 

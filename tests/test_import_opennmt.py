@@ -25,6 +25,8 @@ from onmt_doc.models.checkpoint import load_model
 from onmt_doc.models.model import full_log_probs
 from onmt_doc.translate.translator import Translator
 
+pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
+
 D, HEADS, FF, ENC, DEC, EPS = 16, 2, 24, 2, 2, 1e-6
 WORDS = [f"w{i}" for i in range(13)]
 ONMT_VOCAB = ["<unk>", "<blank>", "<s>", "</s>", *WORDS, "averyunlikelytoken0"]  # 3.x order, padded to x8
@@ -320,9 +322,9 @@ def test_training_without_markup(toy_dir, tmp_path):
     raw = tiny_config(toy_dir, run, data={"sentence_markup": False}, train={"max_steps": 20, "valid_every": 20})
     cfg = config_from_dict(raw)
     train(cfg)
-    codec = load_codec(cfg, str(run))
+    codec = load_codec(cfg.vocab, str(run))
     examples, docs = load_examples(
-        cfg, codec, raw["data"]["valid"]["src"], raw["data"]["valid"]["tgt"], "sentence", str(run)
+        cfg.data, codec, raw["data"]["valid"]["src"], raw["data"]["valid"]["tgt"], "sentence", str(run)
     )
     pairs = [p for d in docs for p in d]
     assert len(examples) == len(pairs) and all(np.array_equal(e.src, s) for e, (s, _) in zip(examples, pairs))
@@ -358,7 +360,7 @@ def test_subword_model_travels(tmp_path, toy_dir):
     _, cfg, codec = load_model(str(tmp_path / "m.pt"))
     assert cfg.vocab.subword == "bpe" and codec.src_subword.tokenize(lines[0]) == bpe.tokenize(lines[0])
     # the run folder a fine-tuning run (log.dir) reads: the same codec as the checkpoint's
-    assert load_codec(cfg, str(run)).to_dict() == codec.to_dict()
+    assert load_codec(cfg.vocab, str(run)).to_dict() == codec.to_dict()
 
 
 REFUSED = [

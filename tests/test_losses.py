@@ -14,16 +14,16 @@ def reference(logits: torch.Tensor, target: torch.Tensor, eps: float) -> torch.T
     v = logits.size(1)
     q = torch.full_like(lprobs, eps / (v - 1))
     q[:, PAD_ID] = 0.0
-    q.scatter_add_(1, target[:, None], torch.full((len(target), 1), 1 - eps, dtype=logits.dtype))
+    q.scatter_add_(1, target[:, None], torch.full((len(target), 1), 1 - eps, dtype=logits.dtype, device=logits.device))
     return -(q * lprobs).sum(-1)
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
-def test_loss_and_gradient_equal_the_formula(eps):
-    torch.manual_seed(0)
-    logits = (torch.randn(37, 50, dtype=torch.float64) * 4).requires_grad_()
-    target = torch.randint(1, 50, (37,))
-    weights = torch.rand(37, dtype=torch.float64)
+def test_loss_and_gradient_equal_the_formula(eps, device):
+    torch.manual_seed(0)  # drawn on the CPU: the same values on every device
+    logits = (torch.randn(37, 50, dtype=torch.float64) * 4).to(device).requires_grad_()
+    target = torch.randint(1, 50, (37,)).to(device)
+    weights = torch.rand(37, dtype=torch.float64).to(device)
     loss, nll, correct = _SmoothedNLL.apply(logits, target, eps)
     expected = reference(logits, target, eps)
     assert torch.allclose(loss, expected, atol=1e-10)
@@ -35,12 +35,12 @@ def test_loss_and_gradient_equal_the_formula(eps):
     assert torch.allclose(grad, expected_grad, atol=1e-10)
 
 
-def test_gradient_equals_finite_differences():
+def test_gradient_equals_finite_differences(device):
     torch.manual_seed(2)
-    logits = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
-    target = torch.tensor([1, 2, 6, 3, 3])
-    direction = torch.randn(5, 7, dtype=torch.float64)
-    weights = torch.rand(5, dtype=torch.float64)
+    logits = torch.randn(5, 7, dtype=torch.float64).to(device).requires_grad_()
+    target = torch.tensor([1, 2, 6, 3, 3], device=device)
+    direction = torch.randn(5, 7, dtype=torch.float64).to(device)
+    weights = torch.rand(5, dtype=torch.float64).to(device)
 
     def f(z):
         return (_SmoothedNLL.apply(z, target, 0.2)[0] * weights).sum()
@@ -52,10 +52,10 @@ def test_gradient_equals_finite_differences():
     assert abs(float((logits.grad * direction).sum()) - float(numeric)) < 1e-7
 
 
-def test_float32_and_bfloat16_logits():
+def test_float32_and_bfloat16_logits(device):
     torch.manual_seed(1)
-    logits = torch.randn(64, 300) * 3
-    target = torch.randint(1, 300, (64,))
+    logits = (torch.randn(64, 300) * 3).to(device)
+    target = torch.randint(1, 300, (64,)).to(device)
     loss, _, _ = label_smoothed_nll(logits, target, 0.1)
     assert torch.allclose(loss.double(), reference(logits.double(), target, 0.1), atol=1e-4)
     half = logits.bfloat16().requires_grad_()
@@ -65,8 +65,8 @@ def test_float32_and_bfloat16_logits():
     assert torch.allclose(loss_bf16.double(), reference(half.double(), target, 0.1), atol=1e-4)
 
 
-def test_no_targets():
-    logits = torch.zeros(0, 10, requires_grad=True)
-    loss, nll, correct = label_smoothed_nll(logits, torch.zeros(0, dtype=torch.long), 0.1)
+def test_no_targets(device):
+    logits = torch.zeros(0, 10, device=device, requires_grad=True)
+    loss, nll, correct = label_smoothed_nll(logits, torch.zeros(0, dtype=torch.long, device=device), 0.1)
     loss.sum().backward()
     assert loss.shape == (0,) and logits.grad.shape == (0, 10)

@@ -17,6 +17,8 @@ from onmt_doc.models.model import full_log_probs
 from onmt_doc.modules.hplstm import MultiHeadHPLSTM, linear_scan
 from onmt_doc.train.trainer import train
 
+pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
+
 MHPLSTM = {"encoder": TRANSFORMER["encoder"], "decoder": {"type": "mhplstm", "layers": 2, "heads": 4, "ff": 64}}
 
 
@@ -52,10 +54,10 @@ def reference_row(m: MultiHeadHPLSTM, x: torch.Tensor, over_heads: bool = False)
     g_s, g_g, g_o, *g_h = (n.weight.view(h, -1) for n in norms)
     a_s, a_g, a_o, *a_h = (n.bias.view(h, -1) for n in norms)
     inputs = m.split(x)  # eq. 19
-    rows, c = [], torch.zeros(h, d)
+    rows, c = [], torch.zeros(h, d, device=x.device)
     for t in range(x.size(0)):
         i = inputs[t].view(h, d)
-        s = inputs[:t].sum(0).view(h, d) if t else torch.zeros(h, d)  # eq. 9: s_1 = 0
+        s = inputs[:t].sum(0).view(h, d) if t else torch.zeros(h, d, device=x.device)  # eq. 9: s_1 = 0
         v = torch.cat([i, normed(s, g_s, a_s, over_heads)], -1)  # eq. 10
         pre = torch.einsum("hi,hio->ho", v, w_v) + b_v
         if joint:  # released eq. 13: one LN
@@ -88,10 +90,10 @@ def reference_row(m: MultiHeadHPLSTM, x: torch.Tensor, over_heads: bool = False)
 
 @pytest.mark.parametrize("hidden_layers", [2, 1])
 @pytest.mark.parametrize("norm_group", ["per_head", "all_heads"])
-def test_parallel_sublayer_equals_step_by_step_loop(hidden_layers, norm_group):
+def test_parallel_sublayer_equals_step_by_step_loop(hidden_layers, norm_group, device):
     """Outputs and gradients (input and every parameter) of the parallel pass equal the loop of
     eqs. 9–18 on the real positions of a padded batch whose padding holds large garbage, with
-    layer-norm statistics over the group ``norm_group`` names."""
+    layer-norm statistics over the group ``norm_group`` names. Drawn on the CPU, run on ``device``."""
     torch.manual_seed(0)
     m = MultiHeadHPLSTM(16, 2, 0.0, hidden_layers=hidden_layers, norm_group=norm_group)
     for p in m.parameters():  # move norms and biases away from 1 / 0
@@ -100,8 +102,8 @@ def test_parallel_sublayer_equals_step_by_step_loop(hidden_layers, norm_group):
     x = torch.randn(3, 9, 16)
     for row, n in enumerate(lengths):
         x[row, n:] = 100.0
-    x.requires_grad_()
     weights = torch.randn(3, 9, 16)
+    m, x, weights = m.to(device), x.to(device).requires_grad_(), weights.to(device)
     out, _ = m(x)
     fast = sum((out[r, :n] * weights[r, :n]).sum() for r, n in enumerate(lengths))
     fast_grads = torch.autograd.grad(fast, [x, *m.parameters()])
@@ -161,19 +163,21 @@ def loop_scan(f: torch.Tensor, hr: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("gate_bias", [-12.0, 0.0, 8.0], ids=["f_near_0", "f_mid", "f_near_1"])
-def test_scan_is_exact_on_long_sequences(gate_bias):
-    """T = 256 in float32 against a float64 loop, with forget gates down to ~1e-6: values and
-    gradients within 1e-5 of the largest reference value, nothing infinite or NaN."""
-    g = torch.Generator().manual_seed(1)
-    f = torch.sigmoid(torch.randn(2, 256, 24, generator=g) * 2 + gate_bias).requires_grad_()
-    hr = torch.randn(2, 256, 24, generator=g).requires_grad_()
+def test_scan_is_exact_on_long_sequences(gate_bias, device):
+    """T = 256 in float32 on ``device`` against a float64 loop on the CPU, with forget gates down to
+    ~1e-6: values and gradients within 1e-5 of the largest reference value, nothing infinite or NaN."""
+    g = torch.Generator().manual_seed(1)  # drawn on the CPU: the same inputs on every device
+    f = torch.sigmoid(torch.randn(2, 256, 24, generator=g) * 2 + gate_bias)
+    hr = torch.randn(2, 256, 24, generator=g)
     probe = torch.randn(2, 256, 24, generator=g)
-    c = linear_scan(f, hr)
-    grads = torch.autograd.grad((c * probe).sum(), [f, hr])
-    f64, hr64 = (t.detach().double().requires_grad_() for t in (f, hr))
+    f_dev, hr_dev = (t.to(device).requires_grad_() for t in (f, hr))
+    c = linear_scan(f_dev, hr_dev)
+    grads = torch.autograd.grad((c * probe.to(device)).sum(), [f_dev, hr_dev])
+    f64, hr64 = (t.double().requires_grad_() for t in (f, hr))
     c64 = loop_scan(f64, hr64)
     grads64 = torch.autograd.grad((c64 * probe.double()).sum(), [f64, hr64])
     for a, b in zip([c, *grads], [c64, *grads64]):
+        a = a.detach().cpu()
         assert torch.isfinite(a).all()
         assert (a.double() - b).abs().max() <= 1e-5 * b.abs().max()
 
@@ -202,26 +206,28 @@ def test_scan_is_exact_on_long_sequences(gate_bias):
         "norm_all_heads_hidden_1_layer",
     ],
 )
-def test_stepwise_equals_teacher_forced(keys):
+def test_stepwise_equals_teacher_forced(keys, device):
     """Token-by-token decoding equals the teacher-forced pass, also with the batch permuted (a
     full beam reorder) after 3 steps."""
-    model, _ = random_model(mhplstm(**keys))
-    assert_stepwise_matches(model, random_batch(SIZES), torch.tensor([2, 0, 3, 1]), reorder_at=3)
+    model, _ = random_model(mhplstm(**keys), device=device)
+    assert_stepwise_matches(model, random_batch(SIZES, device=device), torch.tensor([2, 0, 3, 1]), reorder_at=3)
 
 
-def test_beams_shuffled_within_sentences_at_every_step():
+def test_beams_shuffled_within_sentences_at_every_step(device):
     """As in beam search: rows expanded per beam and reordered within their sentence
-    (same_sources=True) before every step; each row's step equals the teacher-forced pass."""
-    model, _ = random_model(MHPLSTM)
-    batch = random_batch(SIZES[:2])
+    (same_sources=True) before every step; each row's step equals the teacher-forced pass. The
+    shuffles are drawn on the CPU (the same on every device)."""
+    model, _ = random_model(MHPLSTM, device=device)
+    batch = random_batch(SIZES[:2], device=device)
     k, g = 3, torch.Generator().manual_seed(0)
     with torch.no_grad():
         expected = full_log_probs(model, batch).repeat_interleave(k, 0)
         tgt_in, keep = batch.tgt_in.repeat_interleave(k, 0), batch.tgt_out.repeat_interleave(k, 0).ne(PAD_ID)
-        state = model.init_state(model.encode(batch), batch).reorder(torch.arange(2).repeat_interleave(k))
-        held = torch.arange(2 * k)  # which expanded row each state row holds
+        expand = torch.arange(2, device=device).repeat_interleave(k)
+        state = model.init_state(model.encode(batch), batch).reorder(expand)
+        held = torch.arange(2 * k, device=device)  # which expanded row each state row holds
         for t in range(tgt_in.size(1)):
-            within = torch.cat([torch.randperm(k, generator=g) + j * k for j in range(2)])
+            within = torch.cat([torch.randperm(k, generator=g) + j * k for j in range(2)]).to(device)
             state, held = state.reorder(within, same_sources=True), held[within]
             lp, state = model.step(tgt_in[held, t], state)
             real = keep[held, t]
@@ -283,7 +289,7 @@ def test_tiny_mhplstm_learns_sentence_level_toy_like_the_transformer(toy_dir, tm
     assert metrics["acc"] > 90.0, metrics
     assert metrics["ppl"] < 1.6, metrics
     assert metrics["bleu"] > 70.0, metrics
-    codec = build_codec(transformer_cfg, str(tmp_path / "run"))
+    codec = build_codec(transformer_cfg.data, transformer_cfg.vocab, str(tmp_path / "run"))
     ours = build_model(config_from_dict(cfg).model, codec).n_params()
     theirs = build_model(transformer_cfg.model, codec).n_params()
     assert abs(ours / theirs - 1) < 0.15, (ours, theirs)

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import module_cmd, tiny_config, write_config
 
+pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
+
 TRANSLATE = module_cmd("onmt_doc.bin.translate")
 EVALUATE = module_cmd("onmt_doc.bin.evaluate")
 BUILD_VOCAB = module_cmd("onmt_doc.bin.build_vocab")
@@ -294,10 +296,10 @@ def test_a_damaged_binarized_cache_is_binarized_again(toy_dir, tmp_path, warning
     from onmt_doc.data.prepare import build_codec, load_examples
 
     cfg = config_from_dict(tiny_config(toy_dir, tmp_path / "run"))
-    codec = build_codec(cfg, cfg.log.dir)
-    first, _ = load_examples(cfg, codec, cfg.data.train.src, cfg.data.train.tgt, "sentence", cfg.log.dir)
+    codec = build_codec(cfg.data, cfg.vocab, cfg.log.dir)
+    first, _ = load_examples(cfg.data, codec, cfg.data.train.src, cfg.data.train.tgt, "sentence", cfg.log.dir)
     (cache,) = (tmp_path / "run" / "cache").glob("*.npz")
     cache.write_bytes(cache.read_bytes()[:1000])
-    again, _ = load_examples(cfg, codec, cfg.data.train.src, cfg.data.train.tgt, "sentence", cfg.log.dir)
+    again, _ = load_examples(cfg.data, codec, cfg.data.train.src, cfg.data.train.tgt, "sentence", cfg.log.dir)
     assert [e.src.tolist() for e in again] == [e.src.tolist() for e in first]
     assert "unreadable binarized cache" in warnings_of_onmt_doc.text

@@ -26,6 +26,8 @@ from onmt_doc.train.trainer import train
 from onmt_doc.translate.length_penalty import GNMTPenalty
 from onmt_doc.translate.search import BeamSearch
 
+pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
+
 REFORMER = {"layers": 2, "heads": 4, "ff": 64}
 BASE = {"encoder": {"type": "embedding"}, "decoder": {"type": "reformer", **REFORMER}}
 FAST = {
@@ -62,11 +64,12 @@ def joint_example(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 # ----------------------------------------------------------------------------- separable attention
 
 
-def test_target_attention_equals_causal_attention_per_source_slice():
+def test_target_attention_equals_causal_attention_per_source_slice(device):
     x, _ = joint_example()
-    attn = TargetAttention(16, 4, 0.0).eval()
+    attn = TargetAttention(16, 4, 0.0).eval().to(device)
+    x = x.to(device)
     t = x.size(1)
-    causal = torch.ones(t, t, dtype=torch.bool).tril()
+    causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
     with torch.no_grad():
         out = attn(x)
         for b in range(x.size(0)):
@@ -75,9 +78,10 @@ def test_target_attention_equals_causal_attention_per_source_slice():
                 assert torch.allclose(out[b, :, s], ref, atol=1e-5), (b, s)
 
 
-def test_source_attention_equals_masked_attention_per_target_slice():
+def test_source_attention_equals_masked_attention_per_target_slice(device):
     x, keep = joint_example(1)
-    attn = SourceAttention(16, 4, 0.0).eval()
+    attn = SourceAttention(16, 4, 0.0).eval().to(device)
+    x, keep = x.to(device), keep.to(device)
     with torch.no_grad():
         out = attn(x, keep)
         for b in range(x.size(0)):
@@ -87,11 +91,12 @@ def test_source_attention_equals_masked_attention_per_target_slice():
                 assert torch.allclose(out[b, t], ref, atol=1e-5), (b, t)
 
 
-def test_reduction_equals_per_channel_softmax_over_real_source_positions():
+def test_reduction_equals_per_channel_softmax_over_real_source_positions(device):
     x, keep = joint_example(2)
     red = Reduction(16).eval()
     with torch.no_grad():
-        torch.nn.init.normal_(red.score.weight)
+        torch.nn.init.normal_(red.score.weight)  # drawn on the CPU: the same weights on every device
+        red, x, keep = red.to(device), x.to(device), keep.to(device)
         out = red(x, keep)
         for b in range(x.size(0)):
             for t in range(x.size(1)):
@@ -152,12 +157,12 @@ def test_shared_dropout_masks_are_constant_exactly_along_their_axes(module, shar
     [(BASE, None), (FAST, None), (FAST, [2, 0, 3, 1]), (BASE, [3, 3, 0, 1])],
     ids=["base", "fast", "fast_reordered", "base_reordered"],
 )
-def test_stepwise_equals_teacher_forced(section, perm):
+def test_stepwise_equals_teacher_forced(section, perm, device):
     """Row by row through every layer with cached target-axis keys/values == the whole T×S block;
     with ``perm`` the state is reordered at step 3 as beam search does (rows repeated too)."""
-    model, _ = random_model(section)
-    batch = random_batch(SIZES)
-    perm = torch.arange(len(SIZES)) if perm is None else torch.tensor(perm)
+    model, _ = random_model(section, device=device)
+    batch = random_batch(SIZES, device=device)
+    perm = torch.arange(len(SIZES), device=device) if perm is None else torch.tensor(perm, device=device)
     with torch.no_grad():
         forced = full_log_probs(model, batch)[perm]
         stepped = stepwise_log_probs(model, batch, batch.tgt_in, reorder_at=3, perm=perm)
@@ -165,12 +170,13 @@ def test_stepwise_equals_teacher_forced(section, perm):
     assert torch.allclose(forced[mask], stepped[mask], atol=1e-5), (forced - stepped)[mask].abs().max()
 
 
-def test_beam_internal_reorder_keeps_source_fields():
+def test_beam_internal_reorder_keeps_source_fields(device):
     """Rows expanded per beam, then shuffled inside their sentence with same_sources=True: the
     memory is not reordered, the target-axis caches are."""
-    model, _ = random_model(BASE)
-    batch = random_batch(SIZES[:2])
-    expand, within = torch.arange(2).repeat_interleave(3), torch.tensor([2, 0, 1, 4, 5, 3])
+    model, _ = random_model(BASE, device=device)
+    batch = random_batch(SIZES[:2], device=device)
+    expand = torch.arange(2, device=device).repeat_interleave(3)
+    within = torch.tensor([2, 0, 1, 4, 5, 3], device=device)
     with torch.no_grad():
         state = model.init_state(model.encode(batch), batch).reorder(expand)
         tgt, steps = batch.tgt_in[expand], []
@@ -197,10 +203,10 @@ def test_decoding_cache_holds_one_row_per_step_and_layer():
         assert k.shape == v.shape == (b, s, 4, 3, 32 // 4)
 
 
-def test_beam_search_finished_sentences_do_not_change_results():
-    model, _ = random_model(FAST, seed=7)
+def test_beam_search_finished_sentences_do_not_change_results(device):
+    model, _ = random_model(FAST, seed=7, device=device)
     search = BeamSearch(beam=3, penalty=GNMTPenalty(0.6), max_len_ratio=1.5, max_len_add=3)
-    batch = random_batch(SIZES, seed=4)
+    batch = random_batch(SIZES, seed=4, device=device)
     with torch.no_grad():
         together = search.search(model, batch)
         for i in range(len(SIZES)):

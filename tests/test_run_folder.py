@@ -25,6 +25,8 @@ from onmt_doc.models.checkpoint import average_checkpoints, load_checkpoint, sav
 from onmt_doc.train.distributed import DistContext
 from onmt_doc.train.trainer import Trainer, train
 
+pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
+
 TRAIN = module_cmd("onmt_doc.bin.train")
 
 

@@ -23,6 +23,8 @@ from onmt_doc.translate.length_penalty import NoPenalty
 from onmt_doc.translate.search import BeamSearch, GreedySearch, SamplingSearch, build_search
 from onmt_doc.translate.translator import Translator
 
+pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
+
 DOCS = [sentences(6, seed=1), sentences(1, seed=2), sentences(9, seed=3), sentences(4, seed=4)]
 
 

@@ -14,6 +14,8 @@ from onmt_doc.config import config_from_dict, load_config
 from onmt_doc.errors import UserError
 from onmt_doc.models.depth_width_scaling import layer_units, plan_scaling, scaled_config, solve_step, variant_overrides
 
+pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
+
 FAST = {
     "d_model": 256,
     "encoder": {"type": "transformer", "layers": 3, "heads": 4, "ff": 1024},

@@ -9,6 +9,8 @@ import pytest
 from onmt_doc.config import config_from_dict
 from onmt_doc.optim.schedules import build_schedule
 
+pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
+
 STEPS = [1, 2, 3, 50, 99, 100, 101, 250, 400, 999, 1000]
 
 

@@ -17,6 +17,7 @@ from onmt_doc.data.batching import collate
 from onmt_doc.data.instances import Example, mark_sentence
 from onmt_doc.data.vocab import EOS_ID, PAD_ID, SPECIALS
 from onmt_doc.models.model import full_log_probs
+from onmt_doc.registry import registry_for
 from onmt_doc.translate.length_penalty import AveragePenalty, GNMTPenalty, NoPenalty, build_length_penalty
 from onmt_doc.translate.search import BeamSearch, GreedySearch, Search, build_search, fill_holes
 
@@ -66,6 +67,17 @@ def test_build_search_follows_the_translate_section():
     assert beam.penalty == AveragePenalty() and beam.limit.max_length == 9
 
 
+def test_strategies_and_penalties_are_registries_with_suggestions():
+    assert registry_for("search").names() == ["beam", "greedy", "sampling"]
+    assert registry_for("length_penalty").names() == ["avg", "gnmt", "none"]
+    assert registry_for("search").get("greedy").cls is GreedySearch
+    assert registry_for("length_penalty").get("avg").cls is AveragePenalty
+    with pytest.raises(ConfigError, match=r"translate.strategy: unknown search type 'beem' \(did you mean 'beam'\?\)"):
+        build_search(TranslateConfig(strategy="beem"))
+    with pytest.raises(ValueError, match=r"unknown length penalty type 'gmnt' \(did you mean 'gnmt'\?\)"):
+        build_length_penalty("gmnt")
+
+
 def test_length_penalty_type_is_checked_and_has_a_flag():
     assert config_from_dict({"translate": {"length_penalty_type": "none"}}).translate.length_penalty_type == "none"
     with pytest.raises(ConfigError, match="length_penalty_type"):
@@ -83,13 +95,13 @@ CASES = {
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_greedy_equals_beam_one(name):
+def test_greedy_equals_beam_one(name, device):
     """Greedy keeps the argmax; beam 1 keeps the best candidate not ending in ``<eos>`` and stops
     when the best does: the same tokens, scores and log-probabilities, bit for bit."""
     section, make_batch = CASES[name]
     for seed in (0, 1):
-        model, _ = random_model(section, seed=seed)
-        batch = make_batch()
+        model, _ = random_model(section, seed=seed, device=device)
+        batch = make_batch().to(device)
         greedy = GreedySearch(penalty=GNMTPenalty(0.6), max_len_ratio=1.0, max_len_add=4).search(model, batch)
         beam = BeamSearch(beam=1, penalty=GNMTPenalty(0.6), max_len_ratio=1.0, max_len_add=4).search(model, batch)
         as_tuples = [[(h.tokens, h.score, h.log_prob) for h in hyps] for hyps in greedy]
@@ -98,22 +110,23 @@ def test_greedy_equals_beam_one(name):
 
 
 # ------------------------------------------------------------------------------ scores = forced decoding
-def ending_model(seed: int, bias: float = 3.0):
+def ending_model(seed: int, bias: float = 3.0, device=None):
     """A random Transformer whose ``<eos>`` logit is raised, so hypotheses end at many lengths
     (an untrained model otherwise runs to the length cap) and the penalty decides the ranking."""
-    model, _ = random_model(TRANSFORMER, seed=seed)
+    model, _ = random_model(TRANSFORMER, seed=seed, device=device)
     with torch.no_grad():
         model.generator.bias[EOS_ID] += bias
     return model
 
 
 def forced_log_probs(model, sources: list[np.ndarray], targets: list[list[int]], sentences: list[int]) -> list[float]:
-    """Teacher-forced log-probability of each target (``<eos>`` appended) given its source."""
+    """Teacher-forced log-probability of each target (``<eos>`` appended) given its source, on the
+    model's device."""
     examples = [
         Example(src, np.array(tgt, dtype=np.int64), i, 0, n)
         for i, (src, tgt, n) in enumerate(zip(sources, targets, sentences))
     ]
-    batch = collate(examples, np.arange(len(examples)))
+    batch = collate(examples, np.arange(len(examples))).to(next(model.parameters()).device)
     with torch.no_grad():
         lp = full_log_probs(model, batch).gather(2, batch.tgt_out[..., None]).squeeze(2)
     return lp.masked_fill(batch.tgt_out.eq(PAD_ID), 0.0).sum(1).tolist()
@@ -123,7 +136,7 @@ def check_scores_are_forced_scores(search: Search, model, batch, sentences: list
     results = search.search(model, batch)
     assert len(results) == batch.size
     flat = [(row, h) for row, hyps in enumerate(results) for h in hyps]
-    sources = [batch.src[row][batch.src[row].ne(PAD_ID)].numpy() for row, _ in flat]
+    sources = [batch.src[row][batch.src[row].ne(PAD_ID)].cpu().numpy() for row, _ in flat]
     forced = forced_log_probs(model, sources, [h.tokens for _, h in flat], [sentences[row] for row, _ in flat])
     for (row, h), lp in zip(flat, forced):
         assert EOS_ID not in h.tokens
@@ -136,34 +149,34 @@ def check_scores_are_forced_scores(search: Search, model, batch, sentences: list
 
 
 @pytest.mark.parametrize("penalty", PENALTIES)
-def test_beam_scores_are_penalized_forced_scores(penalty):
-    model = ending_model(seed=2)
-    batch = random_batch(SIZES, seed=6)
+def test_beam_scores_are_penalized_forced_scores(penalty, device):
+    model = ending_model(seed=2, device=device)
+    batch = random_batch(SIZES, seed=6, device=device)
     search = BeamSearch(beam=4, n_best=4, penalty=PENALTIES[penalty], max_len_ratio=1.0, max_len_add=4)
     check_scores_are_forced_scores(search, model, batch, [1] * batch.size)
 
 
-def test_greedy_scores_are_penalized_forced_scores():
-    model = ending_model(seed=4, bias=2.0)
-    batch = random_batch(SIZES, seed=3)
+def test_greedy_scores_are_penalized_forced_scores(device):
+    model = ending_model(seed=4, bias=2.0, device=device)
+    batch = random_batch(SIZES, seed=3, device=device)
     search = GreedySearch(penalty=AveragePenalty(), max_len_ratio=1.0, max_len_add=4)
     check_scores_are_forced_scores(search, model, batch, [1] * batch.size)
 
 
-def test_document_beam_scores_are_penalized_forced_scores():
+def test_document_beam_scores_are_penalized_forced_scores(device):
     """G-Transformer: whole documents, with the decoder's own structure rules."""
-    model, _ = random_model(G, seed=1)
-    batch = doc_batch(seed=3)
+    model, _ = random_model(G, seed=1, device=device)
+    batch = doc_batch(seed=3).to(device)
     search = BeamSearch(beam=3, n_best=3, penalty=GNMTPenalty(1.0), max_len_ratio=1.0, max_len_add=2)
     check_scores_are_forced_scores(search, model, batch, [int(n) for n in batch.src_groups.max(1).values])
 
 
-def test_the_penalty_only_reranks_finished_hypotheses():
+def test_the_penalty_only_reranks_finished_hypotheses(device):
     """The search runs on raw log-probabilities, so every penalty draws from the same finished
     hypotheses: one that another penalty returned but this one did not scores no better, under
     this penalty, than the ones it returned. Raw scores favour the short ones, ``avg`` the long."""
-    model = ending_model(seed=9)
-    batch = random_batch(SIZES, seed=1)
+    model = ending_model(seed=9, device=device)
+    batch = random_batch(SIZES, seed=1, device=device)
     runs = {
         name: BeamSearch(beam=5, n_best=3, penalty=p, max_len_ratio=1.5, max_len_add=6).search(model, batch)
         for name, p in PENALTIES.items()
@@ -220,12 +233,12 @@ def row_alone(batch, i: int):
 
 @pytest.mark.parametrize("name", ALONE_CASES)
 @pytest.mark.parametrize("n_best", [1, 2])
-def test_every_decoder_translates_a_row_as_if_it_were_alone(name, n_best):
+def test_every_decoder_translates_a_row_as_if_it_were_alone(name, n_best, device):
     """Rows that finish early leave the batch and the others go on from a reordered state: the
     n-best lists of every row equal those of the row searched alone, for every decoder."""
     section, make_batch = ALONE_CASES[name]
-    model, _ = random_model(section, seed=4)
-    batch = make_batch()
+    model, _ = random_model(section, seed=4, device=device)
+    batch = make_batch().to(device)
     search = BeamSearch(beam=3, n_best=n_best, penalty=AveragePenalty(), max_len_ratio=1.5, max_len_add=3)
     with torch.no_grad():
         together = search.search(model, batch)
@@ -256,23 +269,24 @@ def shared_source_batch(name: str, rows: int = 6, seed: int = 5):
 
 
 @pytest.mark.parametrize("name", ALONE_CASES)
-def test_beam_reorders_that_copy_and_swap_rows_keep_every_row_exact(name):
+def test_beam_reorders_that_copy_and_swap_rows_keep_every_row_exact(name, device):
     """At every step a few rows move inside the beam (one copied over another, or swapped) and the
     rest stay, as in a long beam search; caches in ``owned_fields`` are then rewritten in place,
     only where rows move. Each row goes on exactly as the teacher-forced pass of the history it now
-    holds (1e-5)."""
+    holds (1e-5). The moves are drawn on the CPU (the same on every device)."""
     section, _ = ALONE_CASES[name]
-    model, _ = random_model(section, seed=4)
-    batch = shared_source_batch(name)
+    model, _ = random_model(section, seed=4, device=device)
+    batch = shared_source_batch(name).to(device)
     n, gen = batch.size, torch.Generator().manual_seed(0)
     with torch.no_grad():
         forced = full_log_probs(model, batch)
         state = model.init_state(model.encode(batch), batch)
-        origin, steps = torch.arange(n), []  # origin: the example whose history each row holds
+        origin, steps = torch.arange(n, device=device), []  # origin: the example whose history each row holds
         for t in range(batch.tgt_in.size(1)):
             if t:
                 index = torch.arange(n)
                 index[torch.randperm(n, generator=gen)[:2]] = torch.randint(n, (2,), generator=gen)
+                index = index.to(device)
                 state, origin = state.reorder(index, same_sources=True), origin[index]
             log_probs, state = model.step(batch.tgt_in[origin, t], state)
             steps.append((t, origin, log_probs))

@@ -33,6 +33,8 @@ from test_api import read_documents  # noqa: E402
 
 from onmt_doc import Translator  # noqa: E402
 
+pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
+
 SERVER = [sys.executable, "-m", "onmt_doc.bin.server"]
 LIMITS = ["-max_request_bytes", "4096", "-max_sentences", "40", "-max_sentence_chars", "300"]
 LIMITS += ["-max_request_chars", "2000"]

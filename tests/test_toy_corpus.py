@@ -19,6 +19,8 @@ from onmt_doc.errors import DataError
 from onmt_doc.toy.corpus import write_corpus
 from onmt_doc.toy.pronoun_scoring import score_context
 
+pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TOOL = REPO_ROOT / "tools" / "make_toy_corpus.py"
 SPLITS = ("train", "valid", "test")

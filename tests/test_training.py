@@ -13,6 +13,8 @@ from onmt_doc.config import config_from_dict
 from onmt_doc.models.checkpoint import load_checkpoint
 from onmt_doc.train.trainer import train
 
+pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
+
 
 def small_corpus(toy: Path, out: Path, lines: int = 120) -> Path:
     """The first ``lines`` lines of the toy training files (several epochs in a few steps)."""
@@ -276,3 +278,39 @@ def test_bf16_mixed_precision_on_cpu_trains_and_fp16_falls_back(trained_run, toy
     fp16 = _fast_trainer(trained_run, toy_dir, tmp_path / "fp16", train={"amp": "fp16"})
     assert fp16.amp_dtype is None and fp16.scaler is None
     assert any("train.amp=fp16" in r.getMessage() for r in warnings_of_onmt_doc.records)
+
+
+def test_metrics_file_has_one_json_line_per_report_and_validation(trained_run, toy_dir, tmp_path):
+    """``log.metrics_file``: what scripts read instead of the log (step, tokens, seconds, loss …)."""
+    import json
+
+    trainer = _fast_trainer(
+        trained_run,
+        toy_dir,
+        tmp_path / "m",
+        train={"max_steps": 6, "valid_every": 3, "save_every": 1000},
+        log={"every": 2, "metrics_file": "metrics.jsonl"},
+    )
+    trainer.train()
+    rows = [json.loads(line) for line in (tmp_path / "m" / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if r["event"] == "train"]
+    valid_rows = [r for r in rows if r["event"] == "valid"]
+    assert [r["step"] for r in train_rows] == [2, 4, 6]
+    assert [r["step"] for r in valid_rows] == [3, 6]
+    for r in train_rows:
+        assert r["tokens"] > 0 and r["seconds"] > 0 and r["loss"] > 0
+        assert abs(r["tok_per_s"] - r["tokens"] / r["seconds"]) < 1e-6 * r["tok_per_s"]
+    assert all("ppl" in r and "loss" in r for r in valid_rows)
+
+
+def test_max_minutes_stops_early_with_a_validation_and_a_save(trained_run, toy_dir, tmp_path):
+    trainer = _fast_trainer(
+        trained_run,
+        toy_dir,
+        tmp_path / "t",
+        train={"max_steps": 100000, "max_minutes": 1e-5, "valid_every": 100000, "save_every": 100000},
+    )
+    metrics = trainer.train()
+    assert 0 < trainer.step < 100000
+    assert "loss" in metrics  # validated at the step the time budget ended
+    assert load_checkpoint(str(tmp_path / "t" / "checkpoints" / "last.pt"))["step"] == trainer.step

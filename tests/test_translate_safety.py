@@ -18,11 +18,14 @@ from onmt_doc.config import config_from_dict, config_to_dict
 from onmt_doc.contracts import LengthLimit
 from onmt_doc.data.corpus import iter_lines, iter_parallel
 from onmt_doc.data.instances import build_instances
+from onmt_doc.data.line_splitting import piece_spans
 from onmt_doc.data.vocab import EOS_ID, EOS_SENT_ID, SOS_ID
 from onmt_doc.errors import ConfigError, DataError
 from onmt_doc.models.checkpoint import save_checkpoint
 from onmt_doc.translate.search import Hypothesis
-from onmt_doc.translate.translator import EMPTY_FILL, Translator, piece_spans
+from onmt_doc.translate.translator import EMPTY_FILL, Translator
+
+pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
 
 TRANSLATE = module_cmd("onmt_doc.bin.translate")
 LAYERS = {"layers": 1, "heads": 4, "ff": 64}

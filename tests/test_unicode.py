@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import module_cmd, run_cli, tiny_config
 
+pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
+
 # source word -> non-ASCII source word, target word -> non-ASCII target word
 SRC_MAP = {"dog": "dög", "cat": "猫", "bird": "🐦", "tree": "tre\u0301e", "doctor": "👩\u200d⚕️doc"}
 TGT_MAP = {"hund": "Hünd", "katze": "ネコ猫", "vogel": "🐦vögel", "baum": "bau\u0308m", "arzt": "ärzt👩\u200d⚕️"}

@@ -35,6 +35,8 @@ from onmt_doc.bin import (
     translate,
 )
 
+pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
+
 
 @dataclass
 class Workspace:

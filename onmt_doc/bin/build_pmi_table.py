@@ -52,13 +52,13 @@ def _main(argv: Optional[list[str]] = None) -> int:
         raise UserError("give -src and -tgt, or data.train.src and data.train.tgt in the config")
     for flag, path in (("-src", src), ("-tgt", tgt)):
         check_readable_file(path, flag)
-    inputs = [("-src", src), ("-tgt", tgt), ("-config", args.config), *codec_files(cfg, cfg.log.dir)]
+    inputs = [("-src", src), ("-tgt", tgt), ("-config", args.config), *codec_files(cfg.log.dir, cfg.vocab.shared)]
     refuse_inputs(args.output, inputs)
     check_writable_target(args.output, make_folder=True)  # e.g. runs/x/pmi.npz before runs/x exists
-    codec = load_codec(cfg, cfg.log.dir)
+    codec = load_codec(cfg.vocab, cfg.log.dir)
     if codec is None:  # learned into the run folder, as training would: only with the folder locked
         with run_folder_lock(cfg.log.dir):
-            codec = build_codec(cfg, cfg.log.dir)
+            codec = build_codec(cfg.data, cfg.vocab, cfg.log.dir)
     start = time.time()
     normaliser = args.normaliser or next(
         (getattr(c, "normaliser") for c in cfg.loss if c.type == "pmi_gate_hinge"), "shared"

@@ -29,9 +29,9 @@ def _main(argv: Optional[list[str]]) -> int:
 
     setup_logging()
     cfg = load_config(args.config, args.overrides)
-    train_corpora(cfg)  # every file checked before the run folder is created or locked
+    train_corpora(cfg.data)  # every file checked before the run folder is created or locked
     with run_folder_lock(cfg.log.dir):
-        codec = build_codec(cfg, cfg.log.dir, args.force)
+        codec = build_codec(cfg.data, cfg.vocab, cfg.log.dir, args.force)
     sizes = (
         f"{len(codec.src_vocab)} shared entries"
         if codec.shared

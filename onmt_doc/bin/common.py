@@ -108,20 +108,38 @@ def add_config_args(parser: argparse.ArgumentParser, required: bool = True) -> N
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse whose usage errors follow the one-line error contract."""
+    """argparse whose usage errors follow the one-line error contract, and which gives every
+    command ``-user_dir`` (plugins: a user's own parts, onmt_doc/plugins.py)."""
 
     # counts that must not be negative in whichever command declares them (torch raises otherwise)
     NON_NEGATIVE = ("threads",)
 
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        """argparse's parser plus ``-user_dir``."""
+        super().__init__(*args, **kwargs)
+        self.add_argument(
+            "-user_dir",
+            "--user_dir",
+            action="append",
+            default=[],
+            metavar="PATH",
+            help="import a plugin (a .py file or a package folder) that registers its own parts; repeatable",
+        )
+
     def parse_args(  # type: ignore[override]
         self, args: Optional[Sequence[str]] = None, namespace: Optional[argparse.Namespace] = None
     ) -> argparse.Namespace:
-        """argparse's parse_args, then a usage error for a negative count in ``NON_NEGATIVE``."""
+        """argparse's parse_args, a usage error for a negative count in ``NON_NEGATIVE``, then the
+        ``-user_dir`` plugins imported (before any config or checkpoint is read)."""
         ns = super().parse_args(args, namespace)
         for name in self.NON_NEGATIVE:
             value = getattr(ns, name, None)
             if isinstance(value, int) and value < 0:
                 self.error(f"-{name} must be 0 or more (got {value})")
+        if ns.user_dir:
+            from onmt_doc.plugins import import_plugins
+
+            import_plugins(ns.user_dir, "-user_dir")
         return ns
 
     def error(self, message: str) -> None:  # type: ignore[override]

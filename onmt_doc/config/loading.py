@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import os
 import typing
 from dataclasses import dataclass
 from typing import Any, Literal, Optional, Sequence, Union
@@ -43,6 +44,7 @@ from onmt_doc.config.train import LogConfig, OptimConfig, TrainConfig
 from onmt_doc.config.translate import TranslateConfig
 from onmt_doc.errors import ConfigError, UserError
 from onmt_doc.outputs import Input, input_problem, read_input_bytes, write_text
+from onmt_doc.plugins import import_plugins, loaded_plugins
 from onmt_doc.registry import closest, registry_for
 
 
@@ -50,6 +52,12 @@ from onmt_doc.registry import closest, registry_for
 class Config:
     """A whole run: one section per dataclass, loaded strictly (unknown keys are errors)."""
 
+    plugins: list[str] = option(
+        help="Python files or package folders imported before the rest is read, so their parts "
+        "(`type: my_encoder`) resolve ([extending.md](extending.md#plugins)); the resolved config "
+        "records every plugin's absolute path. Translating a checkpoint that uses one needs `-user_dir`",
+        factory=list,
+    )
     data: DataConfig = option(help="files and how they become instances", factory=DataConfig)
     vocab: VocabConfig = option(help="subword model and vocabularies", factory=VocabConfig)
     model: ModelConfig = option(help="the network: width, embeddings, encoder and decoder", factory=ModelConfig)
@@ -316,13 +324,42 @@ def _default_at(raw: dict, parts: list[str], source: str) -> Any:
 
 
 def config_from_dict(raw: dict, source: str = "config") -> Config:
-    """A validated Config from nested plain values; errors name ``source`` and the key."""
+    """A validated Config from nested plain values; errors name ``source`` and the key. Plugins
+    named in ``raw`` are not imported here (a checkpoint's config is data): they must have been
+    imported already (``plugins:`` of a config file, or ``-user_dir``)."""
+    _require_plugins(raw, source)
     cfg = _Loader(source).dataclass(Config, raw, "")
     try:
         validate_tree(cfg, "", cfg)
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
     return cfg
+
+
+def _require_plugins(raw: dict, source: str) -> None:
+    """A config made with plugins names them; reading it without them would fail later, at the
+    first part type they register, with a less helpful message."""
+    named = raw.get("plugins") if isinstance(raw, dict) else None
+    if not isinstance(named, list):
+        return
+    loaded = set(loaded_plugins())
+    missing = [p for p in named if isinstance(p, str) and os.path.realpath(p) not in loaded]
+    if missing:
+        raise ConfigError(
+            f"{source}: made with the plugin(s) {', '.join(missing)}; give -user_dir PATH for each "
+            f"(it runs their code: only for plugins you trust)"
+        )
+
+
+def _import_plugins(raw: dict, source: str) -> None:
+    """Import the ``plugins:`` of a config file, then record every plugin of this process by its
+    absolute path (those of ``-user_dir`` too), so the run's checkpoints name what they need."""
+    named = raw.get("plugins", [])
+    if not isinstance(named, list) or not all(isinstance(p, str) for p in named):
+        raise ConfigError(f"{source}: plugins: expected a list of paths, got {named!r:.80}")
+    import_plugins(named, f"{source}: plugins")
+    if named or loaded_plugins():
+        raw["plugins"] = loaded_plugins()
 
 
 # the largest config file read (a config is a few KB; this only stops /dev/zero and endless pipes)
@@ -354,10 +391,12 @@ def load_config(path: Optional[str], overrides: Optional[list[str]] = None) -> C
             raise ConfigError(f"{path}: not valid UTF-8") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+    _import_plugins(raw, source)
     if overrides:
         config_from_dict(copy.deepcopy(raw), source)  # a mistake in the file is the file's
         apply_overrides(raw, list(overrides))
         source = f"{source} with command-line overrides" if path else source
+        _import_plugins(raw, source)  # plugins=[...] given as an override
     return config_from_dict(raw, source)
 
 

@@ -58,6 +58,12 @@ class TrainConfig:
         "validation when this limit ends the run",
         minimum=0,
     )
+    max_minutes: Optional[float] = option(
+        None,
+        "stop after this many minutes of training in this process, validating and saving as at `max_steps` "
+        "(a time budget, as fairseq's --stop-time-hours; a resumed run gets the budget afresh)",
+        above=0,
+    )
     valid_every: int = option(1000, "validate every this many steps (and at `max_steps`)", minimum=1)
     valid_bleu: bool = option(True, "translate the validation set at each validation and report BLEU")
     valid_beam: int = option(
@@ -158,3 +164,9 @@ class LogConfig:
     )
     tensorboard: bool = option(True, "write TensorBoard scalars to `<dir>/tensorboard`")
     every: int = option(50, "progress line and `train/*` scalars every this many steps", minimum=1)
+    metrics_file: Optional[str] = option(
+        None,
+        "also write every progress line and validation as one JSON object per line (step, tokens, seconds, "
+        "loss, ppl, acc, lr, grad_norm, tok_per_s, peak GPU memory; validation metrics): for scripts and "
+        "benchmarks, which need not parse the log. A relative path is inside `log.dir`; a resumed run appends",
+    )

@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.instances import Example
+from onmt_doc.registry import Registry
 
 
 @dataclass
@@ -35,26 +36,22 @@ class FieldProvider(Protocol):
 
 
 ProviderFactory = Callable[[Any, FieldContext], FieldProvider]
-_PROVIDERS: dict[str, ProviderFactory] = {}
+# field providers by name, in the registry every pluggable kind uses; a provider has no config
+# section of its own (it reads the keys of the section that asks for it)
+REGISTRY = Registry("field")
 
 
 def register_field(name: str) -> Callable[[ProviderFactory], ProviderFactory]:
     """Decorator of a provider factory ``(section, ctx) -> FieldProvider`` under ``name``."""
-
-    def decorator(factory: ProviderFactory) -> ProviderFactory:
-        if name in _PROVIDERS:
-            raise ValueError(f"field '{name}' is already registered")
-        _PROVIDERS[name] = factory
-        return factory
-
-    return decorator
+    return REGISTRY.register(name, None)
 
 
 def build_field(name: str, section: Any, ctx: FieldContext) -> FieldProvider:
-    """The provider of field ``name``, reading its keys from ``section`` (the asking part's config)."""
-    if name not in _PROVIDERS:
-        raise ValueError(f"no provider for field '{name}' (registered: {', '.join(sorted(_PROVIDERS)) or 'none'})")
-    return _PROVIDERS[name](section, ctx)
+    """The provider of field ``name``, reading its keys from ``section`` (the asking part's config).
+    An unknown name is a programming error of the loss that asks for it, not a user's mistake."""
+    if name not in REGISTRY:
+        raise ValueError(f"no provider for field '{name}' (registered: {', '.join(REGISTRY.names()) or 'none'})")
+    return REGISTRY.get(name).cls(section, ctx)
 
 
 def attach_fields(examples: Sequence[Example], docs: Sequence, providers: Sequence[FieldProvider]) -> None:

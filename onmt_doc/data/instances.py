@@ -4,16 +4,21 @@ Markup is the same for every model: each sentence is ``<s> w1 … wn </s>``; a d
 concatenates consecutive sentences of one document. ``<bos>``/``<eos>`` are added at collation.
 The ``sentence`` unit alone can go without (``data.sentence_markup: false``): ``w1 … wn`` on both
 sides, the sequences of OpenNMT-py and most sentence-level toolkits (imported models read them).
+:func:`mark_sentence` writes the markup; :func:`markup_sentences` and :func:`split_sentences` read
+generated ids back into sentences by it.
+
+Units (the :data:`UNITS` registry) turn documents into a model's instances and say what search and
+translation do with a row's output (:class:`Unit`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Optional, Sequence
+from typing import Any, ClassVar, Optional, Sequence
 
 import numpy as np
 
-from onmt_doc.data.vocab import EOS_SENT_ID, SOS_ID
+from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, PAD_ID, SOS_ID
 from onmt_doc.errors import ConfigError
 from onmt_doc.registry import Registry
 
@@ -44,6 +49,45 @@ def mark_sentence(ids: Sequence[int]) -> np.ndarray:
     out[0], out[-1] = SOS_ID, EOS_SENT_ID
     out[1:-1] = ids
     return out
+
+
+# not part of any sentence when generated ids are read back
+_SKIP = {BOS_ID, EOS_ID, PAD_ID}
+
+
+def markup_sentences(ids: Sequence[int]) -> list[list[int]]:
+    """The sentences of generated ids, by their ``<s> … </s>`` markup (ids without markup,
+    ``data.sentence_markup: false``, are one sentence): the inverse of :func:`mark_sentence`."""
+    sents: list[list[int]] = []
+    cur: list[int] = []
+    for i in ids:
+        if i == SOS_ID:
+            if cur:
+                sents.append(cur)
+            cur = []
+        elif i == EOS_SENT_ID:
+            sents.append(cur)
+            cur = []
+        elif i not in _SKIP:
+            cur.append(i)
+    if cur:
+        sents.append(cur)
+    return sents
+
+
+def split_sentences(ids: Sequence[int], n: int) -> list[list[int]]:
+    """Split generated ids into ``n`` sentences by their ``<s> … </s>`` markup.
+
+    Sentence models make one sentence; if a model makes too few or too many, missing sentences are
+    empty and extra ones are joined to the last, so the output never loses its alignment (the
+    translator counts such repairs).
+    """
+    sents = markup_sentences(ids)
+    if n == 1:
+        return [[t for s in sents for t in s]]
+    if len(sents) > n:
+        sents = sents[: n - 1] + [[t for s in sents[n - 1 :] for t in s]]
+    return sents + [[] for _ in range(n - len(sents))]
 
 
 def _bare(ids: Sequence[int]) -> np.ndarray:
@@ -187,17 +231,18 @@ class UnitOptions:
 class Unit:
     """How documents become a model's instances, and what search and translation do with a row.
 
-    ``declared``: the unit is declared by encoder and decoder parts (``sentence``, ``document``,
-    ``context``); the others are chosen with ``model.unit`` for sentence-level parts. ``rows``: the
-    sentences of a row's output: ``one``, as many as its ``source`` has (search counts them), or
-    ``decoder`` (the decoder's ``constrain`` states the structure). ``keep_last``: a row's output
-    is its last sentence only (the others are context). ``input_keys``: the ``data`` keys that
-    change what the model is given for the same input."""
+    Search and the translator ask a unit (class methods: the answers do not depend on options):
+    :meth:`search_marks_sentences` and :meth:`counts_source_sentences` (what the search's rules
+    enforce on a row's output; ``onmt_doc/translate/rules.py`` builds the rules from them, so this
+    data module imports nothing of the search), :meth:`markup_optional`,
+    :meth:`output_sentences` (which sentences of the document a row's output translates),
+    :meth:`has_target_context` and :meth:`input_settings` (what ensemble members must share).
 
-    declared: ClassVar[bool] = True
-    rows: ClassVar[str] = "one"
-    keep_last: ClassVar[bool] = False
-    input_keys: ClassVar[tuple[str, ...]] = ("documents",)
+    A unit is declared by encoder and decoder parts (``sentence``, ``document``, ``context``,
+    checked by :meth:`check_parts`); a :class:`ChosenUnit` is chosen with ``model.unit`` for
+    sentence-level parts."""
+
+    _input_keys: ClassVar[tuple[str, ...]] = ("documents",)  # the data keys input_settings reads
 
     def __init__(self, options: UnitOptions) -> None:
         self.options = options
@@ -208,14 +253,64 @@ class Unit:
 
     @classmethod
     def check_parts(cls, name: str, part_units: set[str], where: str = "model.unit") -> None:
-        """``model.unit: name`` fits the parts' own units: a chosen unit needs sentence-level parts;
-        a declared one must be the parts' own."""
-        own = (part_units - {"sentence"}) or {"sentence"}
-        if cls.declared and own != {name}:
+        """``model.unit: name`` fits the parts' own units: a declared unit must be the parts' own."""
+        own = _own_unit(part_units)
+        if own != {name}:
             raise ConfigError(
                 f"{where}: '{name}' is declared by the encoder and decoder, whose unit is {'/'.join(own)}"
             )
-        if not cls.declared and own != {"sentence"}:
+
+    @classmethod
+    def search_marks_sentences(cls) -> bool:
+        """Whether the search frames a row's output as marked sentences, ``<s> … </s>`` then
+        ``<eos>`` (rows of one sentence, or of their source's sentences), rather than leaving the
+        structure to the decoder's ``constrain`` (``document``)."""
+        return True
+
+    @classmethod
+    def counts_source_sentences(cls) -> bool:
+        """Whether a row's output holds as many sentences as its source, which the search enforces
+        (``k_to_k``); otherwise a row is one sentence, or the decoder says how many."""
+        return False
+
+    @classmethod
+    def markup_optional(cls) -> bool:
+        """Whether its instances may go without ``<s> … </s>`` (``data.sentence_markup: false``);
+        every unit but ``sentence`` finds its sentences by the markup."""
+        return False
+
+    @classmethod
+    def output_sentences(cls, first: int, n: int) -> range:
+        """The positions in its document of the sentences a row's output translates, for a row
+        whose ``n`` sentences start at position ``first``: all of them."""
+        return range(first, first + n)
+
+    @classmethod
+    def has_target_context(cls) -> bool:
+        """Whether a row's target holds, before the sentence it translates, translations of the
+        context sentences, which translation may force as a prefix (``translate.force_context_prefix``)."""
+        return False
+
+    @classmethod
+    def input_settings(cls, data: Any) -> dict[str, Any]:
+        """The settings of a ``data`` section that change what the model is given for the same
+        input (members of an ensemble must agree on them)."""
+        return {key: getattr(data, key) for key in cls._input_keys}
+
+
+def _own_unit(part_units: set[str]) -> set[str]:
+    """The unit the parts declare: the non-``sentence`` ones, else ``sentence``."""
+    return (part_units - {"sentence"}) or {"sentence"}
+
+
+class ChosenUnit(Unit):
+    """A unit chosen with ``model.unit`` for sentence-level encoder and decoder parts."""
+
+    @classmethod
+    def check_parts(cls, name: str, part_units: set[str], where: str = "model.unit") -> None:
+        """See :meth:`Unit.check_parts`: a chosen unit needs sentence-level parts."""
+        own = _own_unit(part_units)
+        if own != {"sentence"}:
             raise ConfigError(
                 f"{where}: '{name}' needs sentence-level encoder and decoder parts, not {'/'.join(own)} ones"
             )
@@ -228,30 +323,39 @@ UNITS = REGISTRY = Registry("unit")  # REGISTRY: what registry_for("unit") reads
 class SentenceUnit(Unit):
     """One instance per sentence pair (the Transformer), with or without markup (``data.sentence_markup``)."""
 
-    input_keys = ("documents", "sentence_markup")
+    _input_keys = ("documents", "sentence_markup")
 
     def instances(self, docs: Sequence[Sequence[tuple]]) -> tuple[list[Example], int]:
         """See :meth:`Unit.instances`."""
         return sentence_instances(docs, self.options.max_len, self.options.sentence_markup)
+
+    @classmethod
+    def markup_optional(cls) -> bool:
+        """See :meth:`Unit.markup_optional`: bare sentences are what OpenNMT-py's models read."""
+        return True
 
 
 @UNITS.register("document", UnitOptions)
 class DocumentUnit(Unit):
     """Consecutive sentences packed up to ``max_tokens`` per side, one search per instance (G-Transformer)."""
 
-    rows = "decoder"
-    input_keys = ("documents", "max_tokens")
+    _input_keys = ("documents", "max_tokens")
 
     def instances(self, docs: Sequence[Sequence[tuple]]) -> tuple[list[Example], int]:
         """See :meth:`Unit.instances`."""
         return document_instances(docs, self.options.max_tokens), 0
+
+    @classmethod
+    def search_marks_sentences(cls) -> bool:
+        """See :meth:`Unit.search_marks_sentences`: the document decoder's ``constrain`` keeps the structure."""
+        return False
 
 
 @UNITS.register("context", UnitOptions)
 class ContextUnit(Unit):
     """Document windows whose sentences are batch rows sharing the window's context (HM-GDC)."""
 
-    input_keys = ("documents", "max_tokens", "max_sentences")
+    _input_keys = ("documents", "max_tokens", "max_sentences")
 
     def instances(self, docs: Sequence[Sequence[tuple]]) -> tuple[list[Example], int]:
         """See :meth:`Unit.instances`."""
@@ -260,11 +364,10 @@ class ContextUnit(Unit):
 
 
 @UNITS.register("k_to_1", UnitOptions)
-class KTo1Unit(Unit):
+class KTo1Unit(ChosenUnit):
     """k previous source sentences + the current one in, the current target sentence out."""
 
-    declared = False
-    input_keys = ("documents", "context_sentences")
+    _input_keys = ("documents", "context_sentences")
 
     def instances(self, docs: Sequence[Sequence[tuple]]) -> tuple[list[Example], int]:
         """See :meth:`Unit.instances`."""
@@ -272,17 +375,29 @@ class KTo1Unit(Unit):
 
 
 @UNITS.register("k_to_k", UnitOptions)
-class KToKUnit(Unit):
+class KToKUnit(ChosenUnit):
     """k+1 sentences in, the same k+1 out (loss on all); translation keeps the last sentence."""
 
-    declared = False
-    rows = "source"
-    keep_last = True
-    input_keys = ("documents", "context_sentences")
+    _input_keys = ("documents", "context_sentences")
 
     def instances(self, docs: Sequence[Sequence[tuple]]) -> tuple[list[Example], int]:
         """See :meth:`Unit.instances`."""
         return concatenation_instances(docs, self.options.context_sentences, True, self.options.max_len)
+
+    @classmethod
+    def counts_source_sentences(cls) -> bool:
+        """See :meth:`Unit.counts_source_sentences`: the k context sentences and the current one."""
+        return True
+
+    @classmethod
+    def output_sentences(cls, first: int, n: int) -> range:
+        """See :meth:`Unit.output_sentences`: the last one; the others are its context."""
+        return range(first + n - 1, first + n)
+
+    @classmethod
+    def has_target_context(cls) -> bool:
+        """See :meth:`Unit.has_target_context`: the k previous sentences' translations."""
+        return True
 
 
 def unit_class(name: str, where: str = "model.unit") -> type[Unit]:

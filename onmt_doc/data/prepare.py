@@ -2,6 +2,10 @@
 
 The run folder (``log.dir``) holds ``subword.model`` (or ``src.subword`` and ``tgt.subword``) and
 ``vocab.txt`` (or ``vocab.src`` and ``vocab.tgt``); every checkpoint carries copies of them.
+
+Functions take the sections they read (``DataConfig``, ``VocabConfig``) and paths, never the whole
+``Config``: the data layer has no business with training or model keys, and a caller (a tool, a
+test) can prepare data without building a full config.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from collections import Counter
 from itertools import islice
 from typing import Iterator, Optional, Sequence
 
-from onmt_doc.config import Config, CorpusConfig
+from onmt_doc.config.data import CorpusConfig, DataConfig, VocabConfig
 from onmt_doc.data.cache import load_tokenized
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import iter_lines, read_parallel
@@ -40,25 +44,25 @@ def _paths(run_dir: str, shared: bool) -> dict[str, str]:
     }
 
 
-def train_corpora(cfg: Config) -> list[CorpusConfig]:
+def train_corpora(data: DataConfig) -> list[CorpusConfig]:
     """The training corpora (names and ``documents`` resolved), each with both files present."""
-    corpora = cfg.data.corpora("train")
-    single = isinstance(cfg.data.train, CorpusConfig)
+    corpora = data.corpora("train")
+    single = isinstance(data.train, CorpusConfig)
     for c in corpora:
         where = "data.train" if single else f"data.train.{c.name}"
         if not c.src or not c.tgt:
             raise ConfigError(f"{where}.src and {where}.tgt are required")
-    check_corpus_files(cfg)
+    check_corpus_files(data)
     return corpora
 
 
-def check_corpus_files(cfg: Config) -> None:
+def check_corpus_files(data: DataConfig) -> None:
     """Every training and validation file is a readable regular file: checked before any slow work,
     so a misspelt validation file is not found only after the subword model is learned. A device or
     a pipe is refused: training reads its corpora several times (the cache key hashes them first)."""
     for split in ("train", "valid"):
-        single = isinstance(getattr(cfg.data, split), CorpusConfig)
-        for c in cfg.data.corpora(split):
+        single = isinstance(getattr(data, split), CorpusConfig)
+        for c in data.corpora(split):
             where = f"data.{split}" if single else f"data.{split}.{c.name}"
             for side in ("src", "tgt"):
                 path = getattr(c, side)
@@ -69,9 +73,9 @@ def check_corpus_files(cfg: Config) -> None:
                     raise ConfigError(f"{where}.{side}: {path}: {problem}")
 
 
-def require_train_paths(cfg: Config) -> tuple[str, str]:
+def require_train_paths(data: DataConfig) -> tuple[str, str]:
     """The files of a single training corpus (tools that read one file pair)."""
-    corpora = train_corpora(cfg)
+    corpora = train_corpora(data)
     if len(corpora) > 1:
         raise ConfigError(f"data.train has {len(corpora)} corpora; this command reads one: give its files")
     return corpora[0].src, corpora[0].tgt
@@ -82,45 +86,49 @@ def _nonblank(path: str, max_chars: int, limit: int) -> Iterator[str]:
     return islice(lines, limit) if limit else lines
 
 
-def build_codec(cfg: Config, run_dir: str, force: bool = False) -> Codec:
-    """Learn the subword model(s) on the training files (of every corpus), count the vocabularies
-    and save them in ``run_dir`` (:func:`save_codec`: ``force`` replaces those of a run with checkpoints)."""
-    corpora = train_corpora(cfg)
+def build_codec(data: DataConfig, vocab: VocabConfig, run_dir: str, force: bool = False) -> Codec:
+    """Learn the subword model(s) on the training files (of every corpus) as ``vocab`` says, count the
+    vocabularies and save them in ``run_dir`` (:func:`save_codec`: ``force`` replaces those of a run
+    with checkpoints)."""
+    corpora = train_corpora(data)
     inputs = [(f"data.train.{c.name}.{side}", getattr(c, side)) for c in corpora for side in ("src", "tgt")]
-    v, max_chars = cfg.vocab, cfg.data.max_line_chars
+    max_chars = data.max_line_chars
     for c in corpora:  # validate alignment before the slow part
         read_parallel(c.src, c.tgt, c.documents, max_chars)
 
     def lines(side: str, limit: int) -> list[str]:
         return [line for c in corpora for line in _nonblank(getattr(c, side), max_chars, limit)]
 
-    if v.shared:
+    if vocab.shared:
         src_sw = tgt_sw = Subword.learn(
-            v.subword, v.tokenizer, v.size, lines("src", v.sample_lines) + lines("tgt", v.sample_lines)
+            vocab.subword,
+            vocab.tokenizer,
+            vocab.size,
+            lines("src", vocab.sample_lines) + lines("tgt", vocab.sample_lines),
         )
     else:
-        src_sw = Subword.learn(v.subword, v.tokenizer, v.size, lines("src", v.sample_lines))
-        tgt_sw = Subword.learn(v.subword, v.tokenizer, v.size, lines("tgt", v.sample_lines))
+        src_sw = Subword.learn(vocab.subword, vocab.tokenizer, vocab.size, lines("src", vocab.sample_lines))
+        tgt_sw = Subword.learn(vocab.subword, vocab.tokenizer, vocab.size, lines("tgt", vocab.sample_lines))
     counts = {}
     for side, sw in (("src", src_sw), ("tgt", tgt_sw)):
         c: Counter = Counter()
         for toks in sw.tokenize_batch(lines(side, 0)):
             c.update(toks)
         counts[side] = c
-    if v.shared:
-        src_vocab = tgt_vocab = Vocab.build(counts["src"] + counts["tgt"], v.min_freq, v.max_size)
+    if vocab.shared:
+        src_vocab = tgt_vocab = Vocab.build(counts["src"] + counts["tgt"], vocab.min_freq, vocab.max_size)
     else:
-        src_vocab = Vocab.build(counts["src"], v.min_freq, v.max_size)
-        tgt_vocab = Vocab.build(counts["tgt"], v.min_freq, v.max_size)
+        src_vocab = Vocab.build(counts["src"], vocab.min_freq, vocab.max_size)
+        tgt_vocab = Vocab.build(counts["tgt"], vocab.min_freq, vocab.max_size)
     codec = Codec(src_sw, tgt_sw, src_vocab, tgt_vocab)
-    save_codec(codec, run_dir, v.shared, inputs, force)
+    save_codec(codec, run_dir, vocab.shared, inputs, force)
     return codec
 
 
-def codec_files(cfg: Config, run_dir: str) -> list[tuple[str, str]]:
-    """The run folder's subword model and vocabulary files that exist, as (what, path) inputs of a
-    command (so that no output of it may land on them)."""
-    p = _paths(run_dir, cfg.vocab.shared)
+def codec_files(run_dir: str, shared: bool) -> list[tuple[str, str]]:
+    """The run folder's subword model and vocabulary files that exist (``shared``: ``vocab.shared``),
+    as (what, path) inputs of a command (so that no output of it may land on them)."""
+    p = _paths(run_dir, shared)
     return [(f"run folder's {key}", path) for key, path in p.items() if os.path.exists(path)]
 
 
@@ -186,32 +194,32 @@ def _guard_replacement(run_dir: str, paths: list[str], force: bool) -> list[str]
     return backups
 
 
-def load_codec(cfg: Config, run_dir: str) -> Optional[Codec]:
-    """The run folder's codec, or None when onmt_doc_build_vocab has not been run there."""
-    p = _paths(run_dir, cfg.vocab.shared)
+def load_codec(vocab: VocabConfig, run_dir: str) -> Optional[Codec]:
+    """The run folder's codec (read as ``vocab`` says), or None when onmt_doc_build_vocab has not been run there."""
+    p = _paths(run_dir, vocab.shared)
     if not os.path.exists(p["src_vocab"]) or not os.path.exists(p["tgt_vocab"]):
         return None
 
     def subword(path: str) -> Subword:
-        if cfg.vocab.subword == "none":
-            return Subword("none", cfg.vocab.tokenizer, None)
+        if vocab.subword == "none":
+            return Subword("none", vocab.tokenizer, None)
         if not os.path.exists(path):
             raise ConfigError(f"{path}: subword model missing (run onmt_doc_build_vocab again)")
         with open(path, "rb") as f:
-            return Subword(cfg.vocab.subword, cfg.vocab.tokenizer, f.read())
+            return Subword(vocab.subword, vocab.tokenizer, f.read())
 
     src_sw = subword(p["src_subword"])
-    tgt_sw = src_sw if cfg.vocab.shared else subword(p["tgt_subword"])
+    tgt_sw = src_sw if vocab.shared else subword(p["tgt_subword"])
     return Codec(src_sw, tgt_sw, Vocab.load(p["src_vocab"]), Vocab.load(p["tgt_vocab"]))
 
 
-def data_cache_dir(cfg: Config, run_dir: str) -> str:
+def data_cache_dir(data: DataConfig, run_dir: str) -> str:
     """Where binarized corpora (and what is cached with them, e.g. z*) live: data.cache_dir or <run>/cache."""
-    return cfg.data.cache_dir or os.path.join(run_dir, "cache")
+    return data.cache_dir or os.path.join(run_dir, "cache")
 
 
 def load_examples(
-    cfg: Config,
+    data: DataConfig,
     codec: Codec,
     src: str,
     tgt: str,
@@ -224,16 +232,16 @@ def load_examples(
     """Instances of a parallel corpus for ``unit`` with the per-example ``fields`` (the ones losses
     ask for) attached, and its tokenized documents. ``documents``: the corpus' own flag
     (None = ``data.documents``); ``false`` makes each line a one-sentence document."""
-    documents = cfg.data.documents if documents is None else documents
-    docs, cached = load_tokenized(src, tgt, codec, documents, cfg.data.max_line_chars, data_cache_dir(cfg, run_dir))
+    documents = data.documents if documents is None else documents
+    docs, cached = load_tokenized(src, tgt, codec, documents, data.max_line_chars, data_cache_dir(data, run_dir))
     examples, dropped = build_instances(
         unit,
         docs,
-        cfg.data.max_tokens,
-        cfg.data.max_len if filter_long else 0,
-        cfg.data.max_sentences,
-        context_sentences=cfg.data.context_sentences,
-        sentence_markup=cfg.data.sentence_markup,
+        data.max_tokens,
+        data.max_len if filter_long else 0,
+        data.max_sentences,
+        context_sentences=data.context_sentences,
+        sentence_markup=data.sentence_markup,
     )
     n_sents = sum(len(d) for d in docs)
     log.info(
@@ -244,7 +252,7 @@ def load_examples(
         len(examples),
         unit,
         " (binarized cache)" if cached else "",
-        f"; {dropped} pairs dropped by data.max_len={cfg.data.max_len}" if dropped else "",
+        f"; {dropped} pairs dropped by data.max_len={data.max_len}" if dropped else "",
     )
     attach_fields(examples, docs, fields)
     return examples, docs

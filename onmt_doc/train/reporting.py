@@ -9,6 +9,7 @@ checkpoint's step, so the curves continue as one run.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -16,6 +17,9 @@ import sys
 import time
 from typing import Optional
 
+import torch
+
+from onmt_doc.config.train import LogConfig
 from onmt_doc.modules.analysis import COUNT_SUFFIX
 
 log = logging.getLogger("onmt_doc")
@@ -56,13 +60,17 @@ def summarize(stats: dict) -> dict:
 class Reporter:
     """Progress lines and TensorBoard scalars for one training run; a no-op on ranks other than 0."""
 
-    def __init__(self, run_dir: str, tensorboard: bool, max_steps: int, start_step: int, main: bool) -> None:
+    def __init__(self, run_dir: str, log_cfg: LogConfig, max_steps: int, start_step: int, main: bool) -> None:
         """``start_step`` > 0 (a resume) purges TensorBoard events after it and bases the ETA on
         the steps done since."""
         self.main, self.max_steps = main, max_steps
         self.start_step, self.start_time = start_step, time.time()
         self.writer = None
-        if main and tensorboard:
+        self.metrics = None
+        if main and log_cfg.metrics_file:
+            path = os.path.join(run_dir, log_cfg.metrics_file)  # an absolute path stays as it is
+            self.metrics = open(path, "a", encoding="utf-8", buffering=1)  # line-buffered: readable mid-run
+        if main and log_cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(
@@ -75,12 +83,35 @@ class Reporter:
             for key, value in values.items():
                 self.writer.add_scalar(f"{prefix}/{key}", value, step)
 
-    def train(self, step: int, stats: dict, lr: float, grad_norm: float, tok_per_s: float) -> None:
-        """One progress line and its TensorBoard scalars, from summed ``stats`` (:func:`summarize`)."""
+    def record(self, event: str, step: int, values: dict) -> None:
+        """One JSON line of ``log.metrics_file`` (no-op without one)."""
+        if self.metrics:
+            row = {"event": event, "step": step, "elapsed": round(time.time() - self.start_time, 3), **values}
+            self.metrics.write(json.dumps(row, default=float) + "\n")
+
+    def train(
+        self, step: int, stats: dict, lr: float, grad_norm: float, tok_per_s: float, seconds: float = 0.0
+    ) -> None:
+        """One progress line and its TensorBoard scalars, from summed ``stats`` (:func:`summarize`);
+        ``seconds``: the training time those statistics took."""
         if not self.main:
             return
         m = summarize(stats)
         self.scalars("train", step, {**m, "lr": lr, "grad_norm": grad_norm, "tok_per_s": tok_per_s})
+        memory = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
+        self.record(
+            "train",
+            step,
+            {
+                **m,
+                "tokens": stats.get("tokens", 0.0),
+                "seconds": seconds,
+                "lr": lr,
+                "grad_norm": grad_norm,
+                "tok_per_s": tok_per_s,
+                "max_memory_mib": memory,
+            },
+        )
         elapsed = time.time() - self.start_time
         done = step - self.start_step
         eta = elapsed / done * (self.max_steps - step) if done else 0.0
@@ -103,6 +134,7 @@ class Reporter:
         if not self.main:
             return
         self.scalars(f"valid/{name}" if name else "valid", step, metrics)
+        self.record("valid", step, {"set": name, **metrics})
         log.info(
             "validation at step %d%s: %s",
             step,
@@ -127,3 +159,5 @@ class Reporter:
         if self.writer:
             self.writer.flush()
             self.writer.close()
+        if self.metrics:
+            self.metrics.close()

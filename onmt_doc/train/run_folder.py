@@ -8,6 +8,8 @@ and the fingerprint that says what a checkpoint's data position means.
   ``onmt_doc.outputs.output_file`` (checkpoints, the data cache), ``<name>.tmp<pid>`` from
   ``save_config`` and older versions; with the lock held nothing else can be writing them, so
   every such file in the run folder is an orphan.
+* ``config.yaml`` is the resolved config (every key), except when it is the very file the user
+  gave as ``-config``: training never writes over its own input.
 * A checkpoint's data position ("epoch e, batch b") is an index into a batch list that is a pure
   function of the training examples, ``train.batch_tokens``, ``train.seed`` and the number of
   processes. The fingerprint stores those, so a resume with any of them changed is refused
@@ -29,10 +31,11 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from onmt_doc.config import Config
+from onmt_doc.config import Config, save_config
 from onmt_doc.data.batching import CorpusMix
 from onmt_doc.data.instances import Example
 from onmt_doc.errors import UserError
+from onmt_doc.outputs import same_file
 from onmt_doc.train import distributed
 from onmt_doc.train.distributed import DistContext
 
@@ -133,6 +136,26 @@ def remove_partial_files(run_dir: str, cache_dir: Optional[str] = None) -> int:
                 except FileNotFoundError:
                     pass
     return freed
+
+
+def remove_leftovers(run_dir: str, own_cache: bool) -> None:
+    """Rank 0 at start, with the run folder locked: delete what interrupted saves left in the run
+    folder, its checkpoints and, when the cache is the run's own (``<log.dir>/cache``, not a
+    ``data.cache_dir`` other runs may be writing), the cache; say how much that freed."""
+    freed = remove_partial_files(run_dir, os.path.join(run_dir, "cache") if own_cache else None)
+    if freed:
+        log.info("removed leftovers of interrupted saves in %s (%.1f MB)", run_dir, freed / 1e6)
+
+
+def save_resolved_config(cfg: Config, run_dir: str, config_path: Optional[str] = None) -> None:
+    """``<run_dir>/config.yaml``: every key, defaults included; left alone when it is the user's own
+    ``-config`` file (``config_path``: ``onmt_doc_train -config runs/x/config.yaml`` to continue a
+    run), never written over: the resolved config is in every checkpoint anyway."""
+    path = os.path.join(run_dir, "config.yaml")
+    if config_path and os.path.exists(path) and same_file(config_path, path):
+        log.info("%s is the -config file: left as it is (every checkpoint stores the resolved config)", path)
+        return
+    save_config(cfg, path)
 
 
 # ----------------------------------------------------------------------------- data fingerprint

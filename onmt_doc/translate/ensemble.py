@@ -31,7 +31,7 @@ from torch import nn
 from onmt_doc.config import Config
 from onmt_doc.contracts import Batch, DecoderState, EncoderOut, LengthLimit
 from onmt_doc.data.codec import Codec
-from onmt_doc.data.instances import UNITS
+from onmt_doc.data.instances import unit_class
 from onmt_doc.errors import UserError
 from onmt_doc.models.checkpoint import load_model
 from onmt_doc.models.model import EncoderDecoder, full_log_probs
@@ -144,8 +144,8 @@ def check_compatible(
         raise UserError(
             f"cannot ensemble {path_a} and {path_b}: different translation units ({model_a.unit} vs {model_b.unit})"
         )
-    for key in UNITS.get(model_a.unit).cls.input_keys:  # data settings that shape the unit's input
-        va, vb = getattr(cfg_a.data, key), getattr(cfg_b.data, key)
+    settings = unit_class(model_a.unit).input_settings  # the data settings that shape the unit's input
+    for (key, va), vb in zip(settings(cfg_a.data).items(), settings(cfg_b.data).values()):
         if va != vb:
             raise UserError(f"cannot ensemble {path_a} and {path_b}: different data.{key} ({va} vs {vb})")
 

@@ -1,25 +1,20 @@
-"""Batched search: one decoding loop, pluggable strategies (beam, greedy) and length penalties.
+"""Batched search: one decoding loop, pluggable strategies (beam, greedy, sampling) and length penalties.
 
 :class:`Search` runs the loop every strategy shares: encode, step the model, apply the decoding
 rules, record finished hypotheses, drop finished sentences from the batch and reorder the
 decoding state. A strategy only says, per step, which continuations of each sentence to look at
 (:meth:`Search.select`): :class:`BeamSearch` the best ``2·beam``, :class:`GreedySearch` the best
-one, :class:`SamplingSearch` draws them (temperature, top-k, top-p, seeded). An ensemble is a
+one, :class:`SamplingSearch` draws them (temperature, top-k, top-p, seeded). Strategies are a
+registry (:data:`SEARCHES`, ``registry_for("search")``): ``translate.strategy`` names one, and
+``beam`` with ``translate.beam: 1`` runs ``greedy`` (same output, less work). An ensemble is a
 model with the same ``encode``/``init_state``/``step`` (:mod:`onmt_doc.translate.ensemble`).
 Finished scores are divided by a :mod:`~onmt_doc.translate.length_penalty`.
 
-Rules (every strategy): when every row holds one sentence (translation units ``sentence``,
-``context`` and ``k_to_1``) the output is ``<s> w1 … wn </s> <eos>``: ``<s>`` is forced after
-``<bos>`` and ``<eos>`` after ``</s>``, keeping their model scores; a ``k_to_k`` row holds as many
-sentences as its source (``<s>`` after ``</s>`` until then, no ``<eos>`` before); document decoders
-state their own rules in ``Decoder.constrain``. A target ``prefix`` (``k_to_k`` with
-``translate.force_context_prefix``) is forced token by token before every other rule. Every decoder
-also obeys :func:`~onmt_doc.decoders.base.forbid_empty` (no ``</s>``/``<eos>`` before a sentence
-has a word): a non-empty source line never gives an empty output line. Without markup
-(``data.sentence_markup: false``, ``sentence`` unit) nothing is forced but the cap: the output is
-``w1 … wn <eos>``, ``<s>``/``</s>`` never generated, ``<eos>`` not before the first word. Output
-length per sentence: ``min(max_len_ratio × source + max_len_add, max_length)``; at the cap only
-``<eos>`` is allowed.
+Rules (every strategy): the decoder's own ``Decoder.constrain``, then the rules the model's unit
+asks for (:mod:`onmt_doc.translate.rules`: sentence markup, the source's sentence count, forbidden
+tokens, a forced target prefix, the length cap), so a non-empty source line never gives an empty
+output line and forced tokens keep their model scores. Output length per sentence:
+``min(max_len_ratio × source + max_len_add, max_length)``; at the cap only ``<eos>`` is allowed.
 
 A sentence is done when its best candidate ends in ``<eos>`` (with ``n_best`` hypotheses
 collected), when it reaches its length cap, or when nothing may follow; its rows then leave the
@@ -38,12 +33,11 @@ import torch
 
 from onmt_doc.config.translate import TranslateConfig
 from onmt_doc.contracts import Batch, LengthLimit
-from onmt_doc.data.instances import UNITS, unit_class
-from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, PAD_ID, SOS_ID
-from onmt_doc.decoders.base import count_words, forbid_empty, force_tokens
-from onmt_doc.errors import ConfigError
+from onmt_doc.data.vocab import BOS_ID, EOS_ID
 from onmt_doc.models.model import EncoderDecoder
+from onmt_doc.registry import Registry
 from onmt_doc.translate.length_penalty import GNMTPenalty, LengthPenalty, build_length_penalty
+from onmt_doc.translate.rules import Step, search_rules
 
 
 @dataclass
@@ -66,48 +60,6 @@ class Choice:
     keep: torch.Tensor  # [b, w] candidates (columns) that stay live, best first: the next width is w
 
 
-def forced_next(
-    last: torch.Tensor,
-    at_cap: torch.Tensor,
-    one_sentence: bool,
-    left: Optional[torch.Tensor] = None,
-    prefix_next: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    """[rows] token each row must emit next (-1: free): ``<eos>`` at the length cap and, for rows
-    whose sentences the search counts (``one_sentence``), ``<s>`` after ``<bos>`` and ``<eos>`` after
-    ``</s>``, or ``<s>`` where the row still has sentences to go (``left`` [rows] > 0: sentences
-    not yet closed, unit ``k_to_k``). ``prefix_next`` [rows]: the forced target prefix' next token
-    (-1 past it), before every rule but the cap."""
-    force = torch.full_like(last, -1)
-    if one_sentence:
-        after = EOS_ID if left is None else torch.where(left.gt(0), SOS_ID, EOS_ID)
-        force = torch.where(last.eq(BOS_ID), SOS_ID, torch.where(last.eq(EOS_SENT_ID), after, force))
-    if prefix_next is not None:
-        force = torch.where(prefix_next.ge(0), prefix_next, force)
-    return torch.where(at_cap, EOS_ID, force)
-
-
-def allowed_log_probs(
-    log_probs: torch.Tensor,
-    last: torch.Tensor,
-    words: torch.Tensor,
-    at_cap: torch.Tensor,
-    one_sentence: bool,
-    left: Optional[torch.Tensor] = None,
-    prefix_next: Optional[torch.Tensor] = None,
-    markup: bool = True,
-) -> torch.Tensor:
-    """[rows, V] log-probabilities with what the rules forbid at -inf: forced tokens
-    (:func:`forced_next`) keep their score, every other token of their row is forbidden; a row
-    with more than its current sentence to go (``left`` > 1) may not end with ``<eos>``.
-    ``markup`` false: sentences without ``<s> … </s>``, so only the cap forces a token."""
-    force = forced_next(last, at_cap, one_sentence and markup, left, prefix_next)
-    free = forbid_empty(log_probs, last, words, markup)
-    if left is not None:
-        free[:, EOS_ID] = free[:, EOS_ID].masked_fill(left.gt(1), float("-inf"))
-    return torch.where(force.ge(0)[:, None], force_tokens(log_probs, force), free) if force.ge(0).any() else free
-
-
 def fill_holes(done: torch.Tensor) -> torch.Tensor:
     """The batch positions of the sentences that go on, in their new order: each keeps its place
     unless it lies past the new end, in which case it moves into the place of a finished sentence.
@@ -117,6 +69,16 @@ def fill_holes(done: torch.Tensor) -> torch.Tensor:
     holes = done[:n].nonzero().squeeze(1)
     order[holes] = (~done[n:]).nonzero().squeeze(1) + n
     return order
+
+
+# the strategies by name (``translate.strategy``; ``greedy`` is beam search with ``beam: 1``);
+# registry_for("search") reads REGISTRY
+SEARCHES = REGISTRY = Registry("search")
+
+
+def _limits(opt: TranslateConfig) -> dict:
+    """The length-cap arguments every strategy takes from the ``translate`` section."""
+    return dict(max_len_ratio=opt.max_len_ratio, max_len_add=opt.max_len_add, max_length=opt.max_length)
 
 
 class Search(ABC):
@@ -133,6 +95,11 @@ class Search(ABC):
         self.n_best, self.penalty = n_best, penalty
         self.limit = LengthLimit(max_len_ratio, max_len_add, max_length)
 
+    @classmethod
+    @abstractmethod
+    def from_options(cls, opt: TranslateConfig, penalty: LengthPenalty) -> "Search":
+        """The strategy as the ``translate`` section configures it, ranking by ``penalty``."""
+
     @abstractmethod
     def select(self, scores: torch.Tensor, log_probs: torch.Tensor) -> Choice:
         """This step's candidates from ``scores`` [b, width] (each live row's cumulative
@@ -143,51 +110,27 @@ class Search(ABC):
     def search(
         self, model: EncoderDecoder, batch: Batch, prefix: Optional[torch.Tensor] = None, markup: bool = True
     ) -> list[list[Hypothesis]]:
-        """The ``n_best`` hypotheses of every batch row, best first. ``prefix`` [B, P] (padded with
-        ``<pad>``): target tokens forced after ``<bos>``, row by row, keeping their model scores
-        (``k_to_k``'s previous translations); hypotheses start with them, and a row's length cap
-        grows by its prefix length. ``markup``: the model's ``data.sentence_markup`` (false: the
+        """The ``n_best`` hypotheses of every batch row, best first, under the rules the model's
+        unit asks for (:func:`~onmt_doc.translate.rules.search_rules`). ``prefix`` [B, P] (padded
+        with ``<pad>``): target tokens forced after ``<bos>``, row by row, keeping their model
+        scores (``k_to_k``'s previous translations); hypotheses start with them, and a row's length
+        cap grows by its prefix length. ``markup``: the model's ``data.sentence_markup`` (false: the
         batch holds bare sentences of the ``sentence`` unit, and so does the output)."""
         device, n = batch.src.device, batch.size
         state = model.init_state(model.encode(batch), batch, self.limit)  # one row per sentence: width 1
-        max_len = model.decoder.max_output_lengths(batch, self.limit).to(device)
-        unit = unit_class(model.unit)
-        one_sentence = unit.rows != "decoder"
-        if not markup and unit is not UNITS.get("sentence").cls:
-            raise ConfigError(f"sentences without markup are for the sentence unit only, not {model.unit}")
-        # unit k_to_k: a row's output holds as many sentences as its source
-        n_sents = batch.src.eq(SOS_ID).sum(1) if unit.rows == "source" else None
-        plen = None
-        if prefix is not None:
-            prefix = prefix.to(device)
-            plen = prefix.ne(PAD_ID).sum(1)
-            max_len = max_len + plen
+        caps = model.decoder.max_output_lengths(batch, self.limit).to(device)
+        rules = search_rules(model.unit, batch, caps, prefix, markup)
         alive = torch.arange(n, device=device)  # original row of each alive sentence
         width = 1  # rows per alive sentence
         scores = torch.zeros(n, 1, device=device)
         seqs = torch.full((n, 1), BOS_ID, dtype=torch.long, device=device)
-        words = torch.zeros(n, dtype=torch.long, device=device)  # words in each row's current sentence
         finished: list[list[Hypothesis]] = [[] for _ in range(n)]
         t = 0
         while alive.numel():
             b = alive.numel()
             log_probs, state = model.step(seqs[:, -1], state)
-            origin = alive.repeat_interleave(width)  # the batch row of each live row
-            left = None if n_sents is None else n_sents[origin] - seqs.eq(EOS_SENT_ID).sum(1)
-            prefix_next = None
-            if plen is not None:
-                at = prefix[origin, min(t, prefix.size(1) - 1)] if prefix.size(1) else plen[origin]
-                prefix_next = torch.where(plen[origin].gt(t), at, -1)
-            log_probs = allowed_log_probs(
-                model.decoder.constrain(log_probs, state),
-                seqs[:, -1],
-                words,
-                (max_len <= t).repeat_interleave(width),
-                one_sentence,
-                left,
-                prefix_next,
-                markup,
-            )
+            step = Step(t, seqs[:, -1], alive.repeat_interleave(width))  # origin: the batch row of each live row
+            log_probs = rules.apply(model.decoder.constrain(log_probs, state), step)
             choice = self.select(scores, log_probs.view(b, width, -1))
             self._collect(finished, alive, choice, seqs, width, t)
             new_scores = choice.scores.gather(1, choice.keep)
@@ -195,11 +138,12 @@ class Search(ABC):
             rows = (choice.origin.gather(1, choice.keep) + torch.arange(b, device=device)[:, None] * width).view(-1)
             new_tokens = choice.tokens.gather(1, choice.keep).view(-1, 1)
             n_done = torch.tensor([len(finished[i]) for i in alive.tolist()], device=device)
-            done = (choice.ends[:, 0] & n_done.ge(self.n_best)) | max_len.le(t) | new_scores[:, 0].eq(float("-inf"))
+            at_cap = rules.cap.reached(alive, t)
+            done = (choice.ends[:, 0] & n_done.ge(self.n_best)) | at_cap | new_scores[:, 0].eq(float("-inf"))
             t += 1
             if done.any():
                 still = fill_holes(done)
-                alive, max_len, new_scores = alive[still], max_len[still], new_scores[still]
+                alive, new_scores = alive[still], new_scores[still]
                 rows = rows.view(b, new_width)[still].view(-1)
                 new_tokens = new_tokens.view(b, new_width)[still].view(-1, 1)
                 if rows.numel():
@@ -207,7 +151,7 @@ class Search(ABC):
             elif rows.numel():
                 state = state.reorder(rows, same_sources=new_width == width)
             seqs = torch.cat([seqs.index_select(0, rows), new_tokens], dim=1)
-            words = count_words(words.index_select(0, rows), new_tokens.view(-1))
+            rules.advance(rows, new_tokens.view(-1))
             scores, width = new_scores, new_width
         return [sorted(h, key=lambda x: -x.score)[: self.n_best] for h in finished]
 
@@ -231,6 +175,7 @@ class Search(ABC):
             finished[alive_list[row]].append(Hypothesis(seqs[src_row, 1:].tolist(), log_prob / penalty, log_prob))
 
 
+@SEARCHES.register("beam", TranslateConfig)
 class BeamSearch(Search):
     """Each sentence looks at its ``2·beam`` best candidates: those ending in ``<eos>`` among the
     top ``beam`` finish, the ``beam`` best others stay live."""
@@ -249,6 +194,11 @@ class BeamSearch(Search):
         super().__init__(n_best, penalty, max_len_ratio, max_len_add, max_length)
         self.beam = beam
 
+    @classmethod
+    def from_options(cls, opt: TranslateConfig, penalty: LengthPenalty) -> "BeamSearch":
+        """See :meth:`Search.from_options`: ``beam``, ``n_best``."""
+        return cls(opt.beam, opt.n_best, penalty, **_limits(opt))
+
     def select(self, scores: torch.Tensor, log_probs: torch.Tensor) -> Choice:
         """See :meth:`Search.select`."""
         k = self.beam
@@ -266,6 +216,7 @@ class BeamSearch(Search):
         return Choice(top_scores, origin, tokens, ends, keep)
 
 
+@SEARCHES.register("greedy", TranslateConfig)
 class GreedySearch(Search):
     """The best continuation of each sentence; the same output as beam 1, with less work."""
 
@@ -277,6 +228,11 @@ class GreedySearch(Search):
         max_length: int = 250,
     ):
         super().__init__(1, penalty, max_len_ratio, max_len_add, max_length)
+
+    @classmethod
+    def from_options(cls, opt: TranslateConfig, penalty: LengthPenalty) -> "GreedySearch":
+        """See :meth:`Search.from_options`: one hypothesis."""
+        return cls(penalty, **_limits(opt))
 
     def select(self, scores: torch.Tensor, log_probs: torch.Tensor) -> Choice:
         """See :meth:`Search.select`."""
@@ -309,6 +265,7 @@ def sampling_probs(
     return logits.softmax(-1)
 
 
+@SEARCHES.register("sampling", TranslateConfig)
 class SamplingSearch(Search):
     """Each live row draws its next token from the model's distribution (:func:`sampling_probs`),
     for back-translation and diverse outputs; the loop's rules (forced tokens, forbidden tokens,
@@ -338,6 +295,11 @@ class SamplingSearch(Search):
         super().__init__(n_best, penalty, max_len_ratio, max_len_add, max_length)
         self.temperature, self.top_k, self.top_p, self.seed = temperature, top_k, top_p, seed
         self.generator: torch.Generator | None = None
+
+    @classmethod
+    def from_options(cls, opt: TranslateConfig, penalty: LengthPenalty) -> "SamplingSearch":
+        """See :meth:`Search.from_options`: ``temperature``, ``top_k``, ``top_p``, ``seed``, ``n_best``."""
+        return cls(opt.temperature, opt.top_k, opt.top_p, opt.seed, opt.n_best, penalty, **_limits(opt))
 
     def _generator(self, device: torch.device) -> torch.Generator:
         if self.generator is None or self.generator.device != device:
@@ -370,17 +332,16 @@ class SamplingSearch(Search):
         return Choice(all_scores, all_origin, all_tokens, all_ends, keep)
 
 
+def strategy_name(opt: TranslateConfig) -> str:
+    """The registered strategy a ``translate`` section runs: its ``strategy``, except that beam
+    search with ``beam: 1`` runs ``greedy`` (the same output with less work)."""
+    return "greedy" if opt.strategy == "beam" and opt.beam == 1 else opt.strategy
+
+
 def build_search(opt: TranslateConfig) -> Search:
-    """The search the ``translate`` section asks for: sampling for ``strategy: sampling``, else
-    greedy for beam 1 and beam search otherwise. Checks the section first (options changed after
-    loading, e.g. by command-line flags, are checked too)."""
+    """The search the ``translate`` section asks for (:func:`strategy_name`, from the
+    :data:`SEARCHES` registry; an unknown one is a ConfigError with the closest name). Checks the
+    section first (options changed after loading, e.g. by command-line flags, are checked too)."""
     opt.validate("translate", None)
     penalty = build_length_penalty(opt.length_penalty_type, opt.length_penalty)
-    limits = dict(max_len_ratio=opt.max_len_ratio, max_len_add=opt.max_len_add, max_length=opt.max_length)
-    if opt.strategy == "sampling":
-        return SamplingSearch(opt.temperature, opt.top_k, opt.top_p, opt.seed, opt.n_best, penalty, **limits)
-    if opt.strategy != "beam":
-        raise ConfigError(f"translate.strategy: unknown strategy {opt.strategy!r}; expected beam or sampling")
-    if opt.beam == 1:
-        return GreedySearch(penalty, **limits)
-    return BeamSearch(opt.beam, opt.n_best, penalty, **limits)
+    return SEARCHES.get(strategy_name(opt), "translate.strategy").cls.from_options(opt, penalty)

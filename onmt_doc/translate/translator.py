@@ -35,8 +35,9 @@ from onmt_doc.contracts import Batch
 from onmt_doc.data.batching import collate, ordered_batches
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import iter_parallel
-from onmt_doc.data.instances import Example, build_instances, unit_class
-from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, PAD_ID, SOS_ID
+from onmt_doc.data.instances import Example, build_instances, markup_sentences, split_sentences, unit_class
+from onmt_doc.data.line_splitting import split_line
+from onmt_doc.data.vocab import EOS_SENT_ID, PAD_ID, SOS_ID
 from onmt_doc.errors import ConfigError, UserError
 from onmt_doc.models.model import EncoderDecoder
 from onmt_doc.registry import closest
@@ -45,9 +46,6 @@ from onmt_doc.translate.search import build_search
 
 log = logging.getLogger("onmt_doc")
 
-_SKIP = {BOS_ID, EOS_ID, PAD_ID}
-_JOINER = "\uffed"  # pyonmttok's joiner: the token attaches to its neighbour
-_SPACER = "\u2581"  # SentencePiece's word-start mark
 # characters that would break the one-line-per-input-line output (tab separates n-best fields)
 _NOT_IN_LINE = str.maketrans({c: " " for c in "\t\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
 EMPTY_FILL = "<unk>"  # written (and counted) if a translation decodes to no text
@@ -68,60 +66,6 @@ class TranslationStats:
             f"merged to the source's sentence count, {self.empty_filled} empty translations "
             f"written as {EMPTY_FILL}"
         )
-
-
-def markup_sentences(ids: Sequence[int]) -> list[list[int]]:
-    """The sentences of generated ids, by their ``<s> … </s>`` markup (ids without markup,
-    ``data.sentence_markup: false``, are one sentence)."""
-    sents: list[list[int]] = []
-    cur: list[int] = []
-    for i in ids:
-        if i == SOS_ID:
-            if cur:
-                sents.append(cur)
-            cur = []
-        elif i == EOS_SENT_ID:
-            sents.append(cur)
-            cur = []
-        elif i not in _SKIP:
-            cur.append(i)
-    if cur:
-        sents.append(cur)
-    return sents
-
-
-def split_sentences(ids: Sequence[int], n: int) -> list[list[int]]:
-    """Split generated ids into ``n`` sentences by their ``<s> … </s>`` markup.
-
-    Sentence models make one sentence; if a model makes too few or too many, missing sentences are
-    empty and extra ones are joined to the last, so the output never loses its alignment (the
-    translator counts such repairs).
-    """
-    sents = markup_sentences(ids)
-    if n == 1:
-        return [[t for s in sents for t in s]]
-    if len(sents) > n:
-        sents = sents[: n - 1] + [[t for s in sents[n - 1 :] for t in s]]
-    return sents + [[] for _ in range(n - len(sents))]
-
-
-def piece_spans(tokens: Sequence[str], limit: int, sentencepiece: bool) -> list[tuple[int, int]]:
-    """Cut a subword sequence into spans of at most ``limit`` tokens, each cut at the last word
-    boundary in the second half of its span (else at the limit itself)."""
-    spans, start = [], 0
-    while len(tokens) - start > limit:
-        end = start + limit
-        cut = next((i for i in range(end, start + limit // 2, -1) if _starts_word(tokens, i, sentencepiece)), end)
-        spans.append((start, cut))
-        start = cut
-    spans.append((start, len(tokens)))
-    return spans
-
-
-def _starts_word(tokens: Sequence[str], i: int, sentencepiece: bool) -> bool:
-    if sentencepiece:
-        return tokens[i].startswith(_SPACER)
-    return not (tokens[i - 1].endswith(_JOINER) or tokens[i].startswith(_JOINER))
 
 
 Documents = Sequence[Sequence[str]]
@@ -270,14 +214,11 @@ class Translator:
 
     # ------------------------------------------------------------------ shared machinery
     def _split_long(self, ids: np.ndarray) -> list[np.ndarray]:
-        """A source sentence as pieces of at most ``max_input_tokens`` subwords."""
-        limit = self.opt.max_input_tokens
-        if len(ids) <= limit:
-            return [ids]
-        tokens = self.codec.src_vocab.tokens(ids.tolist())
-        spans = piece_spans(tokens, limit, self.codec.src_subword.kind == "sentencepiece")
-        self.stats.lines_split += 1
-        return [ids[a:b] for a, b in spans]
+        """A source sentence as pieces of at most ``max_input_tokens`` subwords, cut at word
+        boundaries (``onmt_doc/data/line_splitting.py``); counted in the stats when cut."""
+        pieces = split_line(ids, self.opt.max_input_tokens, self.codec.src_vocab, self.codec.src_subword)
+        self.stats.lines_split += int(len(pieces) > 1)
+        return pieces
 
     def _encode(self, docs: Sequence[Sequence[tuple]], with_target: bool) -> tuple[list[list[tuple]], list[list[int]]]:
         """Tokenized documents and, per sentence, the number of pieces it was split into
@@ -398,10 +339,18 @@ class Translator:
             fields.append([(self._text(s), score) for s in split_sentences(h.tokens if h else [], n)])
         return [[f[i] for f in fields] for i in range(n)]
 
+    @staticmethod
+    def _place(doc_outputs: list, positions: range, first: int, values: Sequence) -> int:
+        """Write a row's ``values`` (one per sentence of the row, which starts at ``first``) at the
+        document ``positions`` its output translates (``Unit.output_sentences``); returns how many."""
+        for p in positions:
+            doc_outputs[p] = values[p - first]
+        return len(positions)
+
     @torch.no_grad()
     def _run_translation(self, outputs: list[list], examples: list[Example]) -> Iterator[list[tuple[int, int]]]:
         unit = unit_class(self.model.unit)
-        if unit.keep_last and self.opt.force_context_prefix:
+        if unit.has_target_context() and self.opt.force_context_prefix:
             yield from self._run_prefixed(outputs, examples)
             return
         markup = self.cfg.data.sentence_markup
@@ -409,19 +358,17 @@ class Translator:
             done = []
             hyps_of_rows = self.search.search(self.model, batch, markup=markup)
             for (ex, first, n), hyps in zip(self._rows(idx, batch, examples), hyps_of_rows):
-                if unit.keep_last:  # k_to_k: the example's translation is its last sentence
-                    outputs[ex.doc][first + n - 1] = self._hypothesis_lines(hyps, n)[-1]
-                    done.append((ex.doc, 1))
-                    continue
-                outputs[ex.doc][first : first + n] = self._hypothesis_lines(hyps, n)
-                done.append((ex.doc, n))
+                lines = self._hypothesis_lines(hyps, n)  # every sentence, so the stats count them all
+                done.append((ex.doc, self._place(outputs[ex.doc], unit.output_sentences(first, n), first, lines)))
             yield done
 
     def _run_prefixed(self, outputs: list[list], examples: list[Example]) -> Iterator[list[tuple[int, int]]]:
-        """``k_to_k`` with ``translate.force_context_prefix``: sentence by sentence within each
-        document (the i-th sentences of all buffered documents in one pass), each example's
-        previous sentences forced as the target prefix with the model's own (best) translations of
-        them, so only the last sentence is generated."""
+        """A unit whose target holds its context sentences (``k_to_k``) with
+        ``translate.force_context_prefix``: sentence by sentence within each document (the i-th
+        sentences of all buffered documents in one pass), each example's previous sentences forced
+        as the target prefix with the model's own (best) translations of them, so only the last
+        sentence is generated."""
+        unit = unit_class(self.model.unit)
         best: dict[tuple[int, int], list[int]] = {}  # (document, sentence) -> marked output ids
         waves: dict[int, list[Example]] = {}
         for ex in examples:
@@ -436,10 +383,10 @@ class Translator:
                     prefix[r, : len(ids)] = torch.tensor(ids, dtype=torch.long)
                 done = []
                 for (ex, first, n), hyps in zip(rows, self.search.search(self.model, batch, prefix=prefix)):
-                    outputs[ex.doc][first + n - 1] = self._hypothesis_lines(hyps, n)[-1]
+                    lines = self._hypothesis_lines(hyps, n)
+                    done.append((ex.doc, self._place(outputs[ex.doc], unit.output_sentences(first, n), first, lines)))
                     last = split_sentences(hyps[0].tokens, n)[-1] if hyps else []
                     best[ex.doc, first + n - 1] = [SOS_ID, *last, EOS_SENT_ID]
-                    done.append((ex.doc, 1))
                 yield done
 
     def translate_items(self, items: Iterable[Optional[list]]) -> Iterator[Optional[list[str]]]:
@@ -457,19 +404,14 @@ class Translator:
     # ------------------------------------------------------------------ forced decoding
     @torch.no_grad()
     def _run_scoring(self, outputs: list[list], examples: list[Example]) -> Iterator[list[tuple[int, int]]]:
-        keep_last = unit_class(self.model.unit).keep_last
+        unit = unit_class(self.model.unit)
         for idx, batch in self._batches(examples, by_source_only=False):
             rows = list(self._rows(idx, batch, examples))
             sums = sentence_log_probs(self.model, batch, [n for _, _, n in rows])
             done = []
             for (ex, first, n), row_sums in zip(rows, sums):
-                if keep_last:  # k_to_k: the score of the example's last sentence, given the others
-                    outputs[ex.doc][first + n - 1] = float(row_sums[n - 1])
-                    done.append((ex.doc, 1))
-                    continue
-                for j in range(n):
-                    outputs[ex.doc][first + j] = float(row_sums[j])
-                done.append((ex.doc, n))
+                scores = [float(x) for x in row_sums[:n]]  # written where the unit says (k_to_k: the last)
+                done.append((ex.doc, self._place(outputs[ex.doc], unit.output_sentences(first, n), first, scores)))
             yield done
 
     def score_items(self, items: Iterable[Optional[list]], exact: bool = False) -> Iterator[Optional[list[str]]]:
