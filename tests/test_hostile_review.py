@@ -1,4 +1,4 @@
-"""benchmarks/hostile_review.py: the pure helpers that decide what a case's outcome was. A mistake
+"""tools/hostile_review.py: the pure helpers that decide what a case's outcome was. A mistake
 here would silently misreport the library, so they are pinned down without running any command.
 Loaded by path: benchmarks/ is not a package."""
 
@@ -18,9 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def hr():
-    spec = importlib.util.spec_from_file_location(
-        "hostile_review", os.path.join(ROOT, "benchmarks", "hostile_review.py")
-    )
+    spec = importlib.util.spec_from_file_location("hostile_review", os.path.join(ROOT, "tools", "hostile_review.py"))
     module = importlib.util.module_from_spec(spec)
     sys.modules["hostile_review"] = module  # dataclasses look their module up by name
     spec.loader.exec_module(module)

@@ -2,7 +2,7 @@
 """Hostile review: run several hundred hostile cases against every command, the server and the Python
 API, and count per case class what went wrong (issue "Nothing lost by any command").
 
-  python benchmarks/hostile_review.py [--work DIR] [--out runs/hostile_review] [--jobs 2]
+  python tools/hostile_review.py [--work DIR] [--out runs/hostile_review] [--jobs 2]
                                       [--classes output-path,server] [--limit N] [--keep] [--list]
 
 Run it as root on Linux (it makes device nodes with ``mknod``, mounts small tmpfs folders for full
@@ -664,7 +664,7 @@ def _prep_tensors(base: Path) -> None:
     not fit, and a PMI table whose object array is a malicious pickle."""
     code = f"""
 import argparse, math, os, sys, numpy as np, torch
-sys.path.insert(0, {str(REPO / "benchmarks")!r})
+sys.path.insert(0, {str(REPO / "tools")!r})
 from hostile_review import _Evil, onmt_state
 from onmt_doc.models.checkpoint import save_checkpoint
 os.chdir({str(base)!r})

@@ -1,0 +1,74 @@
+"""``python -m benchmarks run SPEC [--smoke] [--out DIR]`` · ``list`` · ``report SPEC --out DIR``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from onmt_doc.errors import UserError
+
+DEFAULT_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data")
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run a spec's stages in order, writing results as they come")
+    r.add_argument("spec", help="a spec file, or a name in benchmarks/specs/ (gpu.yaml)")
+    r.add_argument("--out", help="the run folder (default runs/bench/<spec>[-smoke])")
+    r.add_argument("--smoke", action="store_true", help="toy sizes: the whole spec end to end in minutes")
+    r.add_argument("--data", default=os.environ.get("ONMT_DOC_DATA", DEFAULT_DATA), help="the real data sets")
+    r.add_argument("--device", default="spec", choices=["spec", "auto", "cuda", "cpu"], help="override the spec's")
+    r.add_argument("--stages", help="run only these stages (comma-separated names), in the spec's order")
+    r.add_argument("--in-process", action="store_true", help="run the stages in this process (no budgets)")
+    r.add_argument("--report", action="store_true", help="regenerate the spec's docs/benchmarks.md section after")
+    r.add_argument("--only", help=argparse.SUPPRESS)  # the runner's child: one stage in this process
+    r.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
+    sub.add_parser("list", help="the specs and their stages")
+    rep = sub.add_parser("report", help="regenerate a spec's section of docs/benchmarks.md from a run folder")
+    rep.add_argument("spec")
+    rep.add_argument("--out", help="the run folder (default runs/bench/<spec>)")
+    rep.add_argument("--docs", help="the Markdown file (default docs/benchmarks.md)")
+    rep.add_argument("--print", action="store_true", help="print the section instead of writing it")
+    args = p.parse_args(argv)
+
+    from benchmarks.suite import report, runner
+    from benchmarks.suite.spec import REPO, all_specs, load_spec
+
+    try:
+        if args.command == "list":
+            for path in all_specs():
+                spec = load_spec(path)
+                stages = ", ".join(f"{s.name} ({s.type})" for s in spec.stages)
+                print(f"{os.path.relpath(path, REPO)}: {spec.title} [{spec.device}, {spec.budget_seconds:.0f} s]")
+                print(f"    stages: {stages}")
+            return 0
+        spec = load_spec(args.spec)
+        out = args.out or os.path.join(
+            REPO, "runs", "bench", spec.name + ("-smoke" if getattr(args, "smoke", 0) else "")
+        )
+        if args.command == "report":
+            if not os.path.exists(os.path.join(out, "run.json")):
+                raise UserError(f"{out}: no run.json (run the spec first, or name its folder with --out)")
+            if args.print:
+                print(report.render(spec, out))
+            else:
+                report.write_report(spec, out, args.docs or report.DOCS)
+                print(f"updated '## {spec.section}' in {args.docs or report.DOCS}")
+            return 0
+        if args.only:
+            return runner.run_stage(spec, args.only, out, args.smoke, args.data, args.device, args.deadline)
+        if args.stages:
+            spec.stages = runner.select_stages(spec, args.stages.split(","))
+        rc = runner.run_spec(spec, out, args.smoke, args.data, args.device, argv, args.in_process)
+        if args.report:
+            report.write_report(spec, out)
+        return rc
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,1 @@
+"""The suite's machinery: specs, the stage contract, the runner and the report."""

@@ -1,0 +1,199 @@
+"""Running a spec: each stage in its own process (a stage that hangs or crashes is stopped at its
+budget and the next one runs), in order, every measurement written as it is taken.
+
+``OUT/run.json`` says what ran where (command, machine, GPU, torch, date); ``OUT/results.jsonl``
+holds one JSON line per measurement (``ctx.record``) and one status line per stage
+(``{"stage": ..., "status": ok|failed|timeout|skipped, "seconds": ...}``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from typing import Optional
+
+from benchmarks.suite.spec import REPO, Spec, StageSpec, stage_params
+from benchmarks.suite.stage import StageContext
+from onmt_doc.errors import UserError
+
+GRACE_SECONDS = 20.0  # past its budget a stage is stopped; it should watch ctx.seconds_left() itself
+
+
+def resolve_device(device: str) -> str:
+    """``auto``: cuda when a GPU is present, else cpu; ``cuda`` without one is an error."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: the spec asks for device cuda and torch sees no GPU (--device cpu runs it here)")
+    return device
+
+
+def cpu_model() -> str:
+    """The CPU's model name and the cores this process may use."""
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), name)
+    except OSError:
+        pass
+    return f"{name}, {len(os.sched_getaffinity(0))} cores"
+
+
+def describe_machine(device: str) -> dict:
+    """Where the numbers come from (kept in run.json and printed by ``report``)."""
+    import torch
+
+    info = {"cpu": cpu_model(), "python": platform.python_version(), "torch": torch.__version__}
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        info.update(
+            gpu=props.name,
+            gpu_memory_gib=round(props.total_memory / 2**30, 1),
+            cuda=torch.version.cuda,
+            sms=props.multi_processor_count,
+        )
+    return info
+
+
+def run_spec(
+    spec: Spec, out: str, smoke: bool, data: str, device: str, argv: list[str], in_process: bool = False
+) -> int:
+    """Run every stage of ``spec`` in order; 0 when all ended ``ok``. ``in_process``: the stages run
+    in this process one after the other (no budget is enforced: CI's smoke runs, which pay a
+    start-up of torch per stage otherwise)."""
+    os.makedirs(out, exist_ok=True)
+    device = resolve_device(device if device != "spec" else spec.device)
+    run = {
+        "spec": os.path.relpath(spec.path, REPO),
+        "title": spec.title,
+        "command": "python -m benchmarks " + shlex.join(argv),
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "device": device,
+        "smoke": smoke,
+        "machine": describe_machine(device),
+    }
+    with open(os.path.join(out, "run.json"), "w", encoding="utf-8") as f:
+        json.dump(run, f, indent=1)
+    results = os.path.join(out, "results.jsonl")
+    _forget(results, {st.name for st in spec.stages})
+    print(f"[suite] {spec.name}: {len(spec.stages)} stages on {device} -> {results}", file=sys.stderr, flush=True)
+    end_of_run = time.time() + (
+        spec.smoke_budget_seconds if smoke and spec.smoke_budget_seconds else spec.budget_seconds
+    )
+    failures = 0
+    for st in spec.stages:
+        left = end_of_run - time.time()
+        if left < 5:
+            _status(results, st.name, "skipped", 0.0, "the spec's budget_seconds is spent")
+            failures += 1
+            continue
+        own = st.smoke_budget_seconds if smoke and st.smoke_budget_seconds else st.budget_seconds
+        budget = min(own, left)
+        if in_process:
+            t0 = time.time()
+            rc = run_stage(spec, st.name, out, smoke, data, device, time.time() + budget)
+            status, seconds = ("ok" if rc == 0 else "failed"), time.time() - t0
+        else:
+            status, seconds = _run_child(spec, st, out, smoke, data, device, budget)
+        _status(results, st.name, status, seconds)
+        failures += status != "ok"
+    print(f"[suite] done: {len(spec.stages) - failures}/{len(spec.stages)} stages ok; {results}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def _forget(results: str, stages: set[str]) -> None:
+    """Drop the earlier records of the stages about to run: re-running a stage replaces its results,
+    the other stages' stay (``--stages`` re-runs part of a spec into the same folder)."""
+    if not os.path.exists(results):
+        return
+    with open(results, encoding="utf-8") as f:
+        keep = [line for line in f if line.strip() and _stage_of(line) not in stages]
+    with open(results + ".tmp", "w", encoding="utf-8") as f:
+        f.writelines(keep)
+    os.replace(results + ".tmp", results)
+
+
+def _stage_of(line: str) -> Optional[str]:
+    try:
+        return json.loads(line).get("stage")
+    except json.JSONDecodeError:
+        return None
+
+
+def select_stages(spec: Spec, names: list[str]) -> list[StageSpec]:
+    """The stages named (``--stages``), in the spec's order; an unknown name is an error."""
+    known = [s.name for s in spec.stages]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UserError(f"{spec.path}: no stage '{unknown[0]}'; it has {', '.join(known)}")
+    return [s for s in spec.stages if s.name in names]
+
+
+def _run_child(spec: Spec, st: StageSpec, out: str, smoke: bool, data: str, device: str, budget: float):
+    """One stage in a child process, stopped (its whole process group) past budget + grace."""
+    deadline = time.time() + budget
+    cmd = [sys.executable, "-m", "benchmarks", "run", spec.path, "--only", st.name, "--out", out]
+    cmd += ["--data", data, "--device", device, "--deadline", f"{deadline:.1f}"] + (["--smoke"] if smoke else [])
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    print(f"[suite] stage {st.name} ({st.type}), budget {budget:.0f} s", file=sys.stderr, flush=True)
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True)
+    try:
+        rc = proc.wait(timeout=budget + GRACE_SECONDS)
+        status = "ok" if rc == 0 else "failed"
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        status = "timeout"
+    except KeyboardInterrupt:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    return status, time.time() - t0
+
+
+def _status(results: str, name: str, status: str, seconds: float, why: str = "") -> None:
+    row = {"stage": name, "status": status, "seconds": round(seconds, 1), **({"why": why} if why else {})}
+    with open(results, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+    print(f"[suite] stage {name}: {status} in {seconds:.0f} s", file=sys.stderr, flush=True)
+
+
+def run_stage(spec: Spec, name: str, out: str, smoke: bool, data: str, device: str, deadline: Optional[float]) -> int:
+    """The child's side: run one stage in this process (``--only``)."""
+    from benchmarks.stages import STAGES
+
+    st = next((s for s in spec.stages if s.name == name), None)
+    if st is None:
+        raise SystemExit(f"error: {spec.path} has no stage '{name}'; it has {[s.name for s in spec.stages]}")
+    device = resolve_device(device if device != "spec" else spec.device)
+    os.makedirs(out, exist_ok=True)
+    shutil.rmtree(os.path.join(out, st.name), ignore_errors=True)  # a re-run starts afresh, never resumes
+    ctx = StageContext(
+        name=st.name,
+        out=out,
+        device=device,
+        smoke=smoke,
+        data=data,
+        repo=REPO,
+        deadline=deadline or time.time() + st.budget_seconds,
+        systems=spec.systems,
+        results=os.path.join(out, "results.jsonl"),
+    )
+    fn = STAGES.get(st.type).cls
+    try:
+        fn(stage_params(spec, st, smoke), ctx)
+    except Exception as e:  # the stage failed: say why in the results, then the traceback on stderr
+        ctx.record(error=f"{type(e).__name__}: {e}".splitlines()[0][:300])
+        traceback.print_exc()
+        return 1
+    return 0

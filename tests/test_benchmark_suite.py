@@ -1,0 +1,137 @@
+"""The benchmark suite's own machinery (benchmarks/suite): spec checking, the runner's stage
+processes and result files, the report. The stages themselves run end to end in CI through
+``python -m benchmarks run SPEC --smoke``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.suite import report
+from benchmarks.suite.spec import Table, all_specs, load_spec
+from onmt_doc.errors import ConfigError
+
+pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write_spec(path: Path, stages: str, systems: str = "") -> Path:
+    path.write_text(
+        "title: t\nsection: Test section\ndevice: cpu\nbudget_seconds: 120\n" + systems + "stages:\n" + stages,
+        encoding="utf-8",
+    )
+    return path
+
+
+ENV_OK = """  - name: first
+    type: environment
+    budget_seconds: 60
+    params: {packages: [json], matmul_size: 16, matmul_dtypes: [float32], repeats: 1}
+"""
+ENV_MISSING = """  - name: broken
+    type: environment
+    budget_seconds: 60
+    params: {packages: [no_such_package_xyz], matmul_dtypes: []}
+"""
+
+
+def test_every_spec_of_the_repository_loads():
+    names = [Path(p).name for p in all_specs()]
+    assert "gpu.yaml" in names
+    for path in all_specs():
+        spec = load_spec(path)
+        assert spec.stages, path
+
+
+@pytest.mark.parametrize(
+    "stages, systems, message",
+    [
+        ("  - {type: environment, budget: 3}\n", "", "stages[0]: unknown key 'budget'"),
+        ("  - {type: enviroment}\n", "", "unknown benchmark stage type 'enviroment' (did you mean 'environment'?)"),
+        ("  - {type: environment, params: {packages: json}}\n", "", "stages[0].params.packages: expected list"),
+        ("  - {type: environment, smoke: {repeats: x}}\n", "", "stages[0].smoke.repeats: expected int"),
+        ("  - {type: amp, params: {system: nope}}\n", "", "params.system: unknown system 'nope'"),
+        ("  - {type: environment}\n  - {type: environment}\n", "", "stage name 'environment' is used twice"),
+        ("  - {type: environment}\n", "systems:\n  s: {config: config_examples/none.yaml}\n", "no such file"),
+    ],
+)
+def test_spec_mistakes_are_one_line_errors_naming_the_file_and_key(tmp_path, stages, systems, message):
+    path = write_spec(tmp_path / "bad.yaml", stages, systems)
+    with pytest.raises(ConfigError) as e:
+        load_spec(str(path))
+    assert str(path) in str(e.value) and message in str(e.value)
+
+
+def run_suite(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
+    )
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
+def test_a_failing_stage_is_recorded_and_the_next_one_still_runs(tmp_path):
+    spec = write_spec(tmp_path / "s.yaml", ENV_MISSING + ENV_OK)
+    done = run_suite("run", str(spec), "--out", str(tmp_path / "out"))
+    assert done.returncode == 1, done.stderr
+    rows = records(tmp_path / "out")
+    status = {r["stage"]: r["status"] for r in rows if "status" in r}
+    assert status == {"broken": "failed", "first": "ok"}
+    assert any("no_such_package_xyz" in r.get("error", "") for r in rows if r["stage"] == "broken")
+    assert any(r.get("check") == "matmul_peak" and r["tflops"] > 0 for r in rows if r["stage"] == "first")
+    run = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert run["device"] == "cpu" and run["command"].startswith("python -m benchmarks run")
+
+
+def test_running_some_stages_again_replaces_only_their_records(tmp_path):
+    spec = write_spec(tmp_path / "s.yaml", ENV_MISSING + ENV_OK)
+    out = tmp_path / "out"
+    run_suite("run", str(spec), "--out", str(out))
+    before = [r for r in records(out) if r["stage"] == "broken"]
+    done = run_suite("run", str(spec), "--out", str(out), "--stages", "first")
+    assert done.returncode == 0, done.stderr
+    after = records(out)
+    assert [r for r in after if r["stage"] == "broken"] == before
+    assert sum(1 for r in after if r["stage"] == "first" and "status" in r) == 1
+    bad = run_suite("run", str(spec), "--out", str(out), "--stages", "frist")
+    assert bad.returncode == 2 and "no stage 'frist'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_tables_keep_the_records_they_are_declared_for():
+    rows = [
+        {"stage": "s", "system": "a", "steps": 10, "loss": 1.23456},
+        {"stage": "s", "system": "a", "domain": "ted", "s_bleu": 30.0},
+        {"stage": "s", "system": "b", "error": "OOM"},
+    ]
+    text = report.table(rows, Table(columns=["system", "steps", "loss"], needs=["steps"], title="Training"))
+    assert text.splitlines() == ["**Training**", "", "| system | steps | loss |", "|---|---|---|", "| a | 10 | 1.23 |"]
+    assert "ted" in report.table(rows, Table(columns=["system", "domain", "s_bleu"], where={"system": "a"}))
+    assert report.table(rows, Table(columns=["system", "error"], needs=["error"])).splitlines()[2:] == ["| b | OOM |"]
+    assert report.table(rows, Table(needs=["nothing"])) == ""
+
+
+def test_report_rewrites_only_its_own_section(tmp_path):
+    docs = tmp_path / "benchmarks.md"
+    docs.write_text("# B\n\n## Before\n\nkeep 1\n\n## Test section\n\nold numbers\n\n## After\n\nkeep 2\n")
+    spec = write_spec(tmp_path / "s.yaml", ENV_OK)
+    out = tmp_path / "out"
+    assert run_suite("run", str(spec), "--out", str(out)).returncode == 0
+    done = run_suite("report", str(spec), "--out", str(out), "--docs", str(docs))
+    assert done.returncode == 0, done.stderr
+    text = docs.read_text()
+    assert "old numbers" not in text and "keep 1" in text and "keep 2" in text
+    assert text.index("## Before") < text.index("## Test section") < text.index("## After")
+    assert "Stage `environment`: ok" in text and "Command: `python -m benchmarks run" in text
