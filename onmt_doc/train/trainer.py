@@ -65,7 +65,6 @@ class Trainer:
             checkpointing.resume_from(self.ckpt_dir, self.state, config_to_dict(cfg), cfg.train.resume_data, ctx)
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         self.ddp = DistributedDataParallel(self.model, device_ids=device_ids) if ctx.enabled else None
-        self.started = time.time()  # train.max_minutes counts from here
         log.info(run_summary(cfg, parts, ctx))
 
     @property
@@ -149,6 +148,7 @@ class Trainer:
             save_resolved_config(self.cfg, self.run_dir, self.config_path)
             if p.saved_step is not None:  # resumed: the sweep a killed save did not finish
                 self.checkpoints.prune(p.step)
+        self.started = time.time()  # train.max_minutes counts from here
         stop = end = self._at_end()
         if end or early.stop:
             self._say_finished()
