@@ -107,6 +107,27 @@ def test_translate_equals_the_command(ckpt, docs, tmp_path):
     assert all(isinstance(s, str) and s for d in got for s in d)
 
 
+def test_the_metrics_file_holds_the_counts_and_the_scores_the_log_prints(ckpt, docs, tmp_path):
+    import json
+
+    from onmt_doc.evaluation.corpus_metrics import report
+
+    src = write_documents(docs, tmp_path / "in.txt")
+    ref = write_documents([[s.upper() for s in d] for d in docs], tmp_path / "ref.txt")
+    out, metrics = tmp_path / "out.txt", tmp_path / "metrics.json"
+    args = ("-model", str(ckpt), "-src", str(src), "-tgt", str(ref), "-output", str(out), "-metrics_file")
+    proc = run_cli(*TRANSLATE, *args, str(metrics))
+    assert proc.returncode == 0, proc.stderr
+    m = json.loads(metrics.read_text())
+    hyps = output_documents(out, len(docs))
+    assert m["sentences"] == sum(map(len, docs)) and m["documents"] >= len(docs)
+    expected = report(hyps, [[s.upper() for s in d] for d in docs], "d_bleu" in m)
+    assert {k: round(m[k], 6) for k in expected} == {k: round(v, 6) for k, v in expected.items()}
+    assert m["seconds"] > 0 and m["sent_per_s"] > 0 and m["empty_filled"] == 0
+    same = run_cli(*TRANSLATE, *args, str(src))
+    assert same.returncode == 1 and "-metrics_file" in same.stderr and "Traceback" not in same.stderr
+
+
 def test_document_model_translate_equals_the_command(g_ckpt, tmp_path):
     src = write_documents(G_DOCS, tmp_path / "in.txt")
     proc = run_cli(*TRANSLATE, "-model", str(g_ckpt), "-src", str(src), "-output", str(tmp_path / "out.txt"))

@@ -83,23 +83,29 @@ def records(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
 
 
-def test_a_failing_stage_is_recorded_and_the_next_one_still_runs(tmp_path):
-    spec = write_spec(tmp_path / "s.yaml", ENV_MISSING + ENV_OK)
-    done = run_suite("run", str(spec), "--out", str(tmp_path / "out"))
+@pytest.fixture(scope="module")
+def two_stage_run(tmp_path_factory) -> tuple[Path, Path, subprocess.CompletedProcess]:
+    """One run of a spec whose first stage fails and whose second works (shared: each run costs
+    interpreters; the tests below only add records of their own)."""
+    tmp = tmp_path_factory.mktemp("suite")
+    spec = write_spec(tmp / "s.yaml", ENV_MISSING + ENV_OK)
+    return spec, tmp / "out", run_suite("run", str(spec), "--out", str(tmp / "out"))
+
+
+def test_a_failing_stage_is_recorded_and_the_next_one_still_runs(two_stage_run):
+    spec, out, done = two_stage_run
     assert done.returncode == 1, done.stderr
-    rows = records(tmp_path / "out")
+    rows = records(out)
     status = {r["stage"]: r["status"] for r in rows if "status" in r}
     assert status == {"broken": "failed", "first": "ok"}
     assert any("no_such_package_xyz" in r.get("error", "") for r in rows if r["stage"] == "broken")
     assert any(r.get("check") == "matmul_peak" and r["tflops"] > 0 for r in rows if r["stage"] == "first")
-    run = json.loads((tmp_path / "out" / "run.json").read_text())
+    run = json.loads((out / "run.json").read_text())
     assert run["device"] == "cpu" and run["command"].startswith("python -m benchmarks run")
 
 
-def test_running_some_stages_again_replaces_only_their_records(tmp_path):
-    spec = write_spec(tmp_path / "s.yaml", ENV_MISSING + ENV_OK)
-    out = tmp_path / "out"
-    run_suite("run", str(spec), "--out", str(out))
+def test_running_some_stages_again_replaces_only_their_records(two_stage_run):
+    spec, out, _ = two_stage_run
     before = [r for r in records(out) if r["stage"] == "broken"]
     done = run_suite("run", str(spec), "--out", str(out), "--stages", "first")
     assert done.returncode == 0, done.stderr
@@ -123,12 +129,10 @@ def test_tables_keep_the_records_they_are_declared_for():
     assert report.table(rows, Table(needs=["nothing"])) == ""
 
 
-def test_report_rewrites_only_its_own_section(tmp_path):
+def test_report_rewrites_only_its_own_section(two_stage_run, tmp_path):
+    spec, out, _ = two_stage_run
     docs = tmp_path / "benchmarks.md"
     docs.write_text("# B\n\n## Before\n\nkeep 1\n\n## Test section\n\nold numbers\n\n## After\n\nkeep 2\n")
-    spec = write_spec(tmp_path / "s.yaml", ENV_OK)
-    out = tmp_path / "out"
-    assert run_suite("run", str(spec), "--out", str(out)).returncode == 0
     done = run_suite("report", str(spec), "--out", str(out), "--docs", str(docs))
     assert done.returncode == 0, done.stderr
     text = docs.read_text()

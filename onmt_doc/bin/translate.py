@@ -12,13 +12,14 @@ Several -model checkpoints translate as an ensemble. A thin layer over the Pytho
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from typing import Optional
 
 from onmt_doc.bin.common import ArgumentParser, run
 from onmt_doc.errors import UserError
-from onmt_doc.outputs import check_writable_target, output_file, refuse_inputs
+from onmt_doc.outputs import check_writable_target, output_file, refuse_inputs, write_text
 
 
 def _parser() -> ArgumentParser:
@@ -28,6 +29,12 @@ def _parser() -> ArgumentParser:
     p.add_argument("-output", "--output", default="-", help="output file, '-' for standard output")
     p.add_argument("-tgt", "--tgt", help="reference file: report BLEU/chrF/d-BLEU, or the text to -score")
     p.add_argument("-score", "--score", action="store_true", help="forced decoding: log-probs of -tgt")
+    p.add_argument(
+        "-metrics_file",
+        "--metrics_file",
+        help="also write the run's numbers as one JSON object: seconds, documents, sentences/s, repairs, and "
+        "BLEU/chrF/d-BLEU with -tgt (for scripts; the log is for people)",
+    )
     p.add_argument("-beam", "--beam", type=int)
     p.add_argument("-n_best", "--n_best", type=int, help="write n hypotheses per line, tab-separated")
     p.add_argument("-length_penalty", "--length_penalty", type=float, help="GNMT alpha, >= 0")
@@ -133,6 +140,9 @@ def _main(argv: Optional[list[str]]) -> int:
     inputs = [("-src", args.src), ("-tgt", args.tgt), *(("-model", m) for m in args.model)]
     refuse_inputs(args.output, inputs)
     check_writable_target(args.output)
+    if args.metrics_file:
+        refuse_inputs(args.metrics_file, [*inputs, ("-output", args.output)], "-metrics_file")
+        check_writable_target(args.metrics_file, "-metrics_file")
     if args.max_line_chars is not None and args.max_line_chars < 0:
         raise UserError(f"-max_line_chars must be >= 0 (got {args.max_line_chars})")
     if args.threads:
@@ -157,6 +167,12 @@ def _main(argv: Optional[list[str]]) -> int:
             " | ".join(f"{k.replace('_', '-').upper() if k != 'chrf' else 'chrF'} {v:.2f}" for k, v in scores.items()),
             file=sys.stderr,
         )
+    if args.metrics_file:
+        s = translator.stats
+        metrics = {"src": args.src, "model": args.model, "score": args.score, "seconds": elapsed}
+        metrics.update(documents=s.documents, sentences=s.sentences, sent_per_s=s.sentences / max(elapsed, 1e-9))
+        metrics.update(lines_split=s.lines_split, docs_repaired=s.docs_repaired, empty_filled=s.empty_filled)
+        write_text(args.metrics_file, json.dumps({**metrics, **(scores or {})}) + "\n", inputs, "-metrics_file")
     return 0
 
 

@@ -58,6 +58,8 @@ class TranslationStats:
     lines_split: int = 0  # source lines longer than max_input_tokens, translated in pieces
     docs_repaired: int = 0  # document instances whose output had the wrong number of sentences
     empty_filled: int = 0  # translations that decoded to no text, written as EMPTY_FILL
+    documents: int = 0  # documents (or single lines) written by run_files
+    sentences: int = 0  # output lines written by run_files (n-best lines count once)
 
     def summary(self) -> str:
         """What the final log line reports about repaired and split inputs."""
@@ -455,11 +457,13 @@ class Translator:
                 continue
             output.write("".join(line + "\n" for line in out))
             output.flush()
+            self.stats.documents += 1
+            self.stats.sentences += len(out)
             if tgt and not score:
                 hyp_docs.append([line.split("\t")[0] for line in out])  # metrics of the best hypothesis
             if on_document:
                 on_document(n)
-        if self.stats != TranslationStats():
+        if (self.stats.lines_split, self.stats.docs_repaired, self.stats.empty_filled) != (0, 0, 0):
             log.warning(f"{src}: {self.stats.summary()}")
         if tgt and not score:
             return hyp_docs, refs
