@@ -139,3 +139,14 @@ def test_report_rewrites_only_its_own_section(two_stage_run, tmp_path):
     assert "old numbers" not in text and "keep 1" in text and "keep 2" in text
     assert text.index("## Before") < text.index("## Test section") < text.index("## After")
     assert "Stage `environment`: ok" in text and "Command: `python -m benchmarks run" in text
+
+
+def test_a_folder_named_like_a_stage_that_the_suite_did_not_make_is_never_removed(tmp_path):
+    spec = write_spec(tmp_path / "s.yaml", ENV_OK)
+    out = tmp_path / "home"
+    (out / "first").mkdir(parents=True)
+    (out / "first" / "thesis.tex").write_text("years of work")
+    done = run_suite("run", str(spec), "--out", str(out))
+    assert done.returncode == 2 and "was not made by the benchmark suite" in done.stderr, done.stderr
+    assert (out / "first" / "thesis.tex").read_text() == "years of work"
+    assert not (out / "run.json").exists()

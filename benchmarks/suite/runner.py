@@ -20,7 +20,7 @@ import traceback
 from typing import Optional
 
 from benchmarks.suite.spec import REPO, Spec, StageSpec, stage_params
-from benchmarks.suite.stage import StageContext
+from benchmarks.suite.stage import STAGE_MARK, StageContext
 from onmt_doc.errors import UserError
 
 GRACE_SECONDS = 20.0  # past its budget a stage is stopped; it should watch ctx.seconds_left() itself
@@ -70,6 +70,10 @@ def run_spec(
     """Run every stage of ``spec`` in order; 0 when all ended ``ok``. ``in_process``: the stages run
     in this process one after the other (no budget is enforced: CI's smoke runs, which pay a
     start-up of torch per stage otherwise)."""
+    for st in spec.stages:  # refuse before anything is written, not when the stage's turn comes
+        folder = os.path.join(out, st.name)
+        if os.path.exists(folder) and not os.path.exists(os.path.join(folder, STAGE_MARK)):
+            raise UserError(f"{folder} exists and was not made by the benchmark suite: choose another --out")
     os.makedirs(out, exist_ok=True)
     device = resolve_device(device if device != "spec" else spec.device)
     run = {
@@ -129,6 +133,16 @@ def _stage_of(line: str) -> Optional[str]:
         return None
 
 
+def clear_stage_folder(folder: str) -> None:
+    """A re-run starts afresh (never resumes a half-done stage), but only a folder the suite made
+    (it holds STAGE_MARK) is removed: ``--out ~`` must not cost a user a folder named like a stage."""
+    if not os.path.exists(folder):
+        return
+    if not os.path.exists(os.path.join(folder, STAGE_MARK)):
+        raise UserError(f"{folder} exists and was not made by the benchmark suite: choose another --out")
+    shutil.rmtree(folder)
+
+
 def select_stages(spec: Spec, names: list[str]) -> list[StageSpec]:
     """The stages named (``--stages``), in the spec's order; an unknown name is an error."""
     known = [s.name for s in spec.stages]
@@ -177,7 +191,7 @@ def run_stage(spec: Spec, name: str, out: str, smoke: bool, data: str, device: s
         raise SystemExit(f"error: {spec.path} has no stage '{name}'; it has {[s.name for s in spec.stages]}")
     device = resolve_device(device if device != "spec" else spec.device)
     os.makedirs(out, exist_ok=True)
-    shutil.rmtree(os.path.join(out, st.name), ignore_errors=True)  # a re-run starts afresh, never resumes
+    clear_stage_folder(os.path.join(out, st.name))
     ctx = StageContext(
         name=st.name,
         out=out,

@@ -15,6 +15,7 @@ from typing import Any, Optional
 from onmt_doc.registry import Registry
 
 STAGES = Registry("benchmark stage")
+STAGE_MARK = ".benchmark-stage"  # in every stage folder the suite made; only such folders are ever removed
 
 
 def stage(name: str, params: type):
@@ -44,6 +45,7 @@ class StageContext:
         """``OUT/<stage>/<parts…>``, created."""
         path = os.path.join(self.out, self.name, *parts)
         os.makedirs(path, exist_ok=True)
+        open(os.path.join(self.out, self.name, STAGE_MARK), "a").close()  # ours: a re-run may clear it
         return path
 
     def record(self, **row: Any) -> dict:
