@@ -86,3 +86,17 @@ def test_default_plan_uses_buckets_on_uneven_sentences():
     tags, keep = random_tags(None, lengths, 200, with_bos=False)
     buckets = plan_self(tags, keep, causal=True).buckets
     assert sorted(b.q_index.size(1) for b in buckets) == [2, 60]
+
+
+def test_plan_gathers_have_no_hot_positions():
+    """Padding slots must not all gather one position, nor padding queries all copy one zero row:
+    the backward of a gather sums per position, and on CUDA thousands of duplicates of one position
+    serialise that sum (pytorch/pytorch#41162; it made a G-Transformer step take 2.8 s on an H100)."""
+    lengths = [[2] * 30 + [60] * 2, [3] * 5]  # short sentences padded to long ones, a short row
+    tags, keep = random_tags(None, lengths, 200, with_bos=True)
+    for plan in (plan_self(tags, keep, causal=True, overhead=ONE_BUCKET), plan_cross(tags, keep, tags, keep)):
+        gathered = torch.cat([i.reshape(-1) for b in plan.buckets for i in (b.q_index, b.k_index)])
+        fair = -(-gathered.numel() // tags.numel())  # every position gathered about equally often
+        assert int(torch.bincount(gathered).max()) <= fair + 2
+        assert plan.target.unique().numel() == plan.target.numel()  # each real output copied once
+        assert plan.target.numel() == int(keep.sum())  # … and only real queries: padding stays zero

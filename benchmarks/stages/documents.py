@@ -17,8 +17,9 @@ import os
 import random
 import time
 from dataclasses import dataclass, field
+from typing import Optional
 
-from benchmarks.stages.training import checkpoint, free_memory, share_vocab, system_config, train_system
+from benchmarks.stages.training import Profile, checkpoint, free_memory, share_vocab, system_config, train_system
 from benchmarks.suite.stage import StageContext, stage
 
 DOMAINS = ("ted", "news", "europarl")
@@ -39,6 +40,8 @@ class DocumentsParams:
     dtype: str = "float32"  # translation dtype (bfloat16 on a GPU halves memory traffic)
     seed: int = 1
     domains: list = field(default_factory=lambda: list(DOMAINS))
+    profile_steps: int = 0  # > 0: profile this many training steps of every system (after profile_skip)
+    profile_skip: int = 5
 
 
 @stage("documents", DocumentsParams)
@@ -47,7 +50,8 @@ def documents(p: DocumentsParams, ctx: StageContext) -> None:
     data = prepare(ctx, p)
     pre = ctx.systems[p.pretrain]
     pre_dir = ctx.work_dir(p.pretrain)
-    row = train_system(ctx, system_config(ctx, pre, _data(data, "pretrain"), {"log": {"dir": pre_dir}}))
+    row = train_system(ctx, system_config(ctx, pre, _data(data, "pretrain"), {"log": {"dir": pre_dir}}),
+                       _profile(ctx, p, p.pretrain))  # fmt: skip
     ctx.record(system=p.pretrain, step="pretrain", **row)
     evaluate(ctx, p, p.pretrain, checkpoint(pre_dir), data)
     for name in p.systems:
@@ -59,12 +63,17 @@ def documents(p: DocumentsParams, ctx: StageContext) -> None:
         share_vocab(pre_dir, run_dir)
         init = {"train": {"init_from": checkpoint(ctx.work_dir(system.init_from))}} if system.init_from else {}
         try:
-            row = train_system(ctx, system_config(ctx, system, _data(data, "doc"), init, {"log": {"dir": run_dir}}))
+            raw = system_config(ctx, system, _data(data, "doc"), init, {"log": {"dir": run_dir}})
+            row = train_system(ctx, raw, _profile(ctx, p, name))
             ctx.record(system=name, step="train", **row)
             evaluate(ctx, p, name, checkpoint(run_dir), data)
         except Exception as e:  # one system's failure must not cost the others their numbers
             ctx.record(system=name, error=f"{type(e).__name__}: {e}".splitlines()[0][:300])
             free_memory()
+
+
+def _profile(ctx: StageContext, p: DocumentsParams, system: str) -> Optional[Profile]:
+    return Profile(ctx, system, p.profile_skip, p.profile_steps) if p.profile_steps else None
 
 
 def evaluate(ctx: StageContext, p: DocumentsParams, name: str, ckpt: str, data: dict) -> None:

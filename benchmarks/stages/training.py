@@ -3,6 +3,7 @@ what it did from its ``log.metrics_file``; shared by the stages that train."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import json
@@ -51,9 +52,10 @@ def share_vocab(from_run: str, to_run: str) -> None:
             shutil.copyfile(src, os.path.join(to_run, name))
 
 
-def train_system(ctx: StageContext, raw: dict) -> dict:
+def train_system(ctx: StageContext, raw: dict, profile: Optional["Profile"] = None) -> dict:
     """Train one config (a dict) in this process; a summary of its metrics file: steps, seconds,
-    target tokens/s, last training loss, peak GPU memory, the last validation's metrics."""
+    target tokens/s, last training loss, peak GPU memory, the last validation's metrics. With a
+    ``profile``, some of its steps are profiled (:class:`Profile`)."""
     from onmt_doc.config import config_from_dict
     from onmt_doc.train.reporting import setup_logging
     from onmt_doc.train.trainer import train
@@ -67,11 +69,72 @@ def train_system(ctx: StageContext, raw: dict) -> dict:
     cfg = config_from_dict(raw, source=run_dir)
     t0 = time.time()
     try:
-        train(cfg)
+        with profile.around_steps() if profile else contextlib.nullcontext():
+            train(cfg)
     finally:
         seconds = time.time() - t0
         free_memory()
     return {**read_metrics(metrics), "wall_s": seconds}
+
+
+class Profile:
+    """torch.profiler over ``steps`` whole trainer iterations after the first ``skip`` (the data,
+    the step, the logging between steps: everything the loop does), then one record per op of the
+    ``top`` by device time and by CPU time, in ms per step, and one summary record. The CPU time of
+    an op that waits for the GPU (a ``.item()``, a copy to the host) shows where the loop syncs."""
+
+    def __init__(self, ctx: StageContext, system: str, skip: int = 5, steps: int = 5, top: int = 12):
+        self.ctx, self.system, self.skip, self.steps, self.top = ctx, system, skip, steps, top
+
+    @contextlib.contextmanager
+    def around_steps(self):
+        """Patch ``Trainer.train_step`` (benchmark instrumentation only) to start and stop the profiler."""
+        from unittest import mock
+
+        import torch
+
+        from onmt_doc.train.trainer import Trainer
+
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available() and self.ctx.device.startswith("cuda"):
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        prof = torch.profiler.profile(activities=activities)
+        calls, window = [0], [0.0]
+        original = Trainer.train_step
+
+        def train_step(trainer, batches):
+            out = original(trainer, batches)
+            calls[0] += 1
+            if calls[0] == self.skip:
+                window[0] = time.perf_counter()
+                prof.start()
+            elif calls[0] == self.skip + self.steps:
+                prof.stop()
+                window[0] = time.perf_counter() - window[0]
+            return out
+
+        with mock.patch.object(Trainer, "train_step", train_step):
+            yield
+        if calls[0] >= self.skip + self.steps:
+            self._record(prof, window[0])
+        else:
+            self.ctx.record(system=self.system, profile="skipped", why=f"only {calls[0]} steps")
+
+    def _record(self, prof, seconds: float) -> None:
+        n = self.steps
+        events = prof.key_averages()
+        device = lambda e: getattr(e, "self_device_time_total", 0.0) or 0.0  # noqa: E731
+        busy = sum(device(e) for e in events) / 1e3 / n
+        self.ctx.record(system=self.system, profile="summary", step_ms=1e3 * seconds / n, device_busy_ms=busy)
+        chosen = sorted(events, key=device, reverse=True)[: self.top] if busy else []
+        chosen += [e for e in sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[: self.top]]
+        seen = set()
+        for e in chosen:
+            if e.key in seen:
+                continue
+            seen.add(e.key)
+            self.ctx.record(system=self.system, profile="op", op=e.key[:80], calls=e.count / n,
+                            cpu_ms=e.self_cpu_time_total / 1e3 / n, device_ms=device(e) / 1e3 / n)  # fmt: skip
 
 
 def read_metrics(path: str) -> dict:

@@ -49,7 +49,8 @@ class BlockPlan:
     free_pos: torch.Tensor  # [M] flat positions of tag-0 queries, which see their whole row
     free_row: torch.Tensor  # [M] batch row of each
     free_mask: torch.Tensor  # [M, 1, 1, Nk]
-    inverse: torch.Tensor  # [B * Nq] row of [block slots of every bucket; free queries; zero] holding each output
+    source: torch.Tensor  # [K] row of [block slots of every bucket; free queries] holding each real output
+    target: torch.Tensor  # [K] its flat query position (row * Nq + i); the other positions are padding (zero)
 
 
 GROUP, GLOBAL, COMBINED = "group", "global", "combined"
@@ -66,13 +67,18 @@ def attention_modes(layers: int, group: bool, top_layers: int, top: str) -> list
 
 
 def _blocks(tags: torch.Tensor, keep: torch.Tensor, n_groups: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Block table [B*K, L] of flat positions for group ids row * K + tag - 1, and its validity."""
+    """Block table [B*K, L] of flat positions for group ids row * K + tag - 1, and its validity.
+
+    Padding slots point at positions spread over the batch rather than all at position 0: their
+    gradient is zero either way (masked keys, discarded queries), but the backward of a gather
+    sums per position, and on CUDA thousands of duplicates of one position serialise that sum
+    (pytorch/pytorch#41162): it made a G-Transformer step take seconds on an H100."""
     b, n = tags.shape
     pos = (keep & tags.gt(0)).reshape(-1).nonzero().squeeze(1)
     gid = (pos // n) * n_groups + tags.reshape(-1)[pos] - 1
     slot, counts = group_slots(gid, b * n_groups)
     length = max(int(counts.max()), 1) if counts.numel() else 1
-    index = torch.zeros(b * n_groups, length, dtype=torch.long, device=tags.device)
+    index = torch.arange(b * n_groups * length, device=tags.device).remainder_(b * n).view(b * n_groups, length)
     valid = torch.zeros(b * n_groups, length, dtype=torch.bool, device=tags.device)
     index[gid, slot] = pos
     valid[gid, slot] = True
@@ -122,17 +128,19 @@ def _finish(
     free_row: torch.Tensor,
     free_mask: torch.Tensor,
 ) -> BlockPlan:
-    """Complete a plan with the inverse map that scatters outputs back by one gather."""
-    n_slots = sum(b.q_index.numel() for b in buckets)
+    """Complete a plan with where each real output sits among the attention outputs and where it
+    goes: a one-to-one map (padding queries are left at zero rather than all copied from one zero
+    row, whose gradient would be summed over thousands of duplicates; see :func:`_blocks`)."""
     device = q_tags.device
-    inverse = torch.full((q_tags.numel(),), n_slots + free_pos.numel(), dtype=torch.long, device=device)
-    offset = 0
+    sources, targets, offset = [], [], 0
     for b in buckets:
         slots = b.q_valid.reshape(-1).nonzero().squeeze(1)
-        inverse[b.q_index.reshape(-1)[slots]] = slots + offset
+        sources.append(slots + offset)
+        targets.append(b.q_index.reshape(-1)[slots])
         offset += b.q_index.numel()
-    inverse[free_pos] = n_slots + torch.arange(free_pos.numel(), device=device)
-    return BlockPlan(buckets, free_pos, free_row, free_mask, inverse)
+    sources.append(offset + torch.arange(free_pos.numel(), device=device))
+    targets.append(free_pos)
+    return BlockPlan(buckets, free_pos, free_row, free_mask, torch.cat(sources), torch.cat(targets))
 
 
 def plan_self(tags: torch.Tensor, keep: torch.Tensor, causal: bool, overhead: Optional[int] = None) -> BlockPlan:
@@ -185,7 +193,7 @@ def group_attend(
     flat = [x.transpose(1, 2).reshape(-1, h, d) for x in (q, k, v)]
     outputs = []
     for blk in plan.buckets:  # one SDPA call per length bucket
-        qb, kb, vb = (x[i].transpose(1, 2) for x, i in zip(flat, (blk.q_index, blk.k_index, blk.k_index)))
+        qb, kb, vb = (_take(x, i).transpose(1, 2) for x, i in zip(flat, (blk.q_index, blk.k_index, blk.k_index)))
         ob = _attend(qb, kb, vb, blk.mask, dropout, probe, blk.q_valid)
         if blk.has_keys is not None:
             ob = ob * blk.has_keys
@@ -202,8 +210,16 @@ def group_attend(
             torch.ones(qf.size(0), 1, dtype=torch.bool, device=q.device),
         )
         outputs.append(of[:, :, 0])
-    outputs.append(q.new_zeros(1, h, d))  # padding queries
-    return torch.cat(outputs)[plan.inverse].view(b, nq, h, d).transpose(1, 2)
+    out = q.new_zeros(b * nq, h, d)  # padding queries stay zero
+    if outputs:
+        real = torch.cat(outputs).index_select(0, plan.source)
+        out = out.to(real.dtype).index_copy(0, plan.target, real)
+    return out.view(b, nq, h, d).transpose(1, 2)
+
+
+def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Rows of x [P, ...] at ``index`` [g, L] -> [g, L, ...] (``index_select``: a plain gather)."""
+    return x.index_select(0, index.reshape(-1)).view(*index.shape, *x.shape[1:])
 
 
 def _attend(
