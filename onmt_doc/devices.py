@@ -12,6 +12,13 @@ from onmt_doc.errors import ConfigError
 def pick_device(spec: str, local_rank: int = 0, key: str = "train.device") -> torch.device:
     """``auto`` (the local rank's GPU if CUDA is available, else CPU), ``cpu``, ``cuda`` (the local
     rank's GPU) or ``cuda:N``; raises ConfigError at ``key`` for unavailable or invalid devices."""
+    device = _parse(spec, local_rank, key)
+    if device.type == "cuda":
+        avoid_cudnn_attention()
+    return device
+
+
+def _parse(spec: str, local_rank: int, key: str) -> torch.device:
     if spec == "auto":
         return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
     if spec.startswith("cuda") and not torch.cuda.is_available():
@@ -22,3 +29,13 @@ def pick_device(spec: str, local_rank: int = 0, key: str = "train.device") -> to
         return torch.device(spec)
     except RuntimeError:
         raise ConfigError(f"{key}: '{spec}' is not a device (auto, cpu, cuda, cuda:N)") from None
+
+
+def avoid_cudnn_attention() -> None:
+    """Turn off the cuDNN backend of ``scaled_dot_product_attention`` (flash and memory-efficient
+    attention remain). cuDNN builds an execution plan for every new shape, and our batches change
+    shape every step (token-budget batches, length buckets, beam search, group-attention blocks): on
+    an H100 with torch 2.11 that cost ~10 ms of CPU per attention call, 9× slower sentence training
+    and 10 s G-Transformer steps (docs/benchmarks.md, "GPU"). A process-wide switch, as PyTorch
+    offers it; every command that picks a CUDA device sets it."""
+    torch.backends.cuda.enable_cudnn_sdp(False)

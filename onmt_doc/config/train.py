@@ -130,7 +130,9 @@ class TrainConfig:
         "accepts it and continues with the new batch order from the start of the next epoch",
     )
     device: str = option(
-        "auto", "`auto`, `cpu`, `cuda` or `cuda:N`; `auto` and `cuda` put process *i* of a node on `cuda:i`"
+        "auto",
+        "`auto`, `cpu`, `cuda` or `cuda:N`; `auto` and `cuda` put process *i* of a node on `cuda:i`; on CUDA, "
+        "cuDNN attention is turned off (it plans per shape; docs/benchmarks.md, GPU run 2)",
     )
     threads: int = option(
         0,

@@ -1,0 +1,35 @@
+"""Device choice (onmt_doc.devices): one rule for every command, and the attention backends a
+CUDA device gets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from onmt_doc.devices import pick_device
+from onmt_doc.errors import ConfigError
+
+
+@pytest.fixture
+def cudnn_attention_flag():
+    """The process-wide cuDNN attention switch, restored after the test."""
+    saved = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    yield
+    torch.backends.cuda.enable_cudnn_sdp(saved)
+
+
+@pytest.mark.devices
+def test_a_cuda_device_turns_cudnn_attention_off(device, cudnn_attention_flag):
+    """cuDNN attention plans per shape: ~10 ms of CPU per call with our changing batch shapes
+    (H100, docs/benchmarks.md "GPU"), so a command on CUDA must not use it; the CPU leaves it be."""
+    assert pick_device(str(device), key="-device") == device
+    assert torch.backends.cuda.cudnn_sdp_enabled() == (device.type != "cuda")
+
+
+def test_unknown_devices_are_one_line_errors():
+    with pytest.raises(ConfigError, match="train.device: 'tpu' is not a device"):
+        pick_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="-device: cuda:1 requested but CUDA is not available"):
+            pick_device("cuda:1", key="-device")
