@@ -21,6 +21,7 @@ The Python API is this class: ``Translator.load(checkpoint, device=..., beam=...
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -41,7 +42,7 @@ from onmt_doc.data.vocab import EOS_SENT_ID, PAD_ID, SOS_ID
 from onmt_doc.errors import ConfigError, UserError
 from onmt_doc.models.model import EncoderDecoder
 from onmt_doc.registry import closest
-from onmt_doc.translate.forced_decoding import sentence_log_probs
+from onmt_doc.translate.forced_decoding import TokenScores, sentence_log_probs, sentence_token_log_probs
 from onmt_doc.translate.search import build_search
 
 log = logging.getLogger("onmt_doc")
@@ -405,14 +406,18 @@ class Translator:
 
     # ------------------------------------------------------------------ forced decoding
     @torch.no_grad()
-    def _run_scoring(self, outputs: list[list], examples: list[Example]) -> Iterator[list[tuple[int, int]]]:
+    def _run_scoring(
+        self, outputs: list[list], examples: list[Example], tokens: bool = False
+    ) -> Iterator[list[tuple[int, int]]]:
+        """Each sentence's log-probability, or (``tokens``) its tokens' (id, log-probability) list."""
         unit = unit_class(self.model.unit)
+        scorer = sentence_token_log_probs if tokens else sentence_log_probs
         for idx, batch in self._batches(examples, by_source_only=False):
             rows = list(self._rows(idx, batch, examples))
-            sums = sentence_log_probs(self.model, batch, [n for _, _, n in rows])
+            values = scorer(self.model, batch, [n for _, _, n in rows])
             done = []
-            for (ex, first, n), row_sums in zip(rows, sums):
-                scores = [float(x) for x in row_sums[:n]]  # written where the unit says (k_to_k: the last)
+            for (ex, first, n), row_values in zip(rows, values):
+                scores = row_values[:n]  # written where the unit says (k_to_k: the last)
                 done.append((ex.doc, self._place(outputs[ex.doc], unit.output_sentences(first, n), first, scores)))
             yield done
 
@@ -424,6 +429,12 @@ class Translator:
         fmt = repr if exact else "{:.4f}".format
         for out in self._process(items, self._run_scoring, with_target=True):
             yield None if out is None else [fmt(x) for x in out]
+
+    def score_tokens(self, items: Iterable[Optional[list]]) -> Iterator[Optional[list[TokenScores]]]:
+        """:meth:`score_items` token by token: per given target sentence, the (target id,
+        log-probability) of each token it owns, whose sum is its score (point-wise measures)."""
+        self.model.eval()
+        yield from self._process(items, functools.partial(self._run_scoring, tokens=True), with_target=True)
 
     # ------------------------------------------------------------------ files
     def run_files(
