@@ -331,3 +331,99 @@ def test_evaluate_cli_reports_translation_metrics_and_tensorboard(trained_run, t
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     assert {"contrastive/none/accuracy", "translation/bleu", "translation/pronouns/accuracy"} <= tags
+
+
+# ------------------------------------------------------------------------------ final <eos>, CXMI
+def _first_documents(toy_dir: Path, tmp_path: Path, n: int) -> tuple[Path, Path, list]:
+    """The first ``n`` documents of the toy test split, as files and as lists of pairs."""
+    docs = [d for d in iter_parallel(str(toy_dir / "test.src"), str(toy_dir / "test.tgt")) if d][:n]
+    src, tgt = tmp_path / "docs.src", tmp_path / "docs.tgt"
+    src.write_text("\n\n".join("\n".join(s for s, _ in d) for d in docs) + "\n", encoding="utf-8")
+    tgt.write_text("\n\n".join("\n".join(t for _, t in d) for d in docs) + "\n", encoding="utf-8")
+    return src, tgt, docs
+
+
+def test_the_final_eos_is_scored_with_the_last_sentence(g_run, toy_dir, tmp_path):
+    """In a row of several sentences, sentence k's score is the sum of the log-probabilities of its
+    own <s> … </s> tokens, and the final <eos> goes to the last sentence: checked against the
+    teacher-forced log-probabilities split at the markup ids by hand."""
+    import torch
+
+    from onmt_doc.data.batching import collate
+    from onmt_doc.data.vocab import EOS_ID, EOS_SENT_ID, SOS_ID
+    from onmt_doc.models.model import full_log_probs
+
+    tr = _translator(g_run)
+    _, _, docs = _first_documents(toy_dir, tmp_path, 3)
+    doc = next(d for d in docs if len(d) >= 3)[:3]
+    tok_docs, _ = tr._encode([doc], with_target=True)
+    examples = tr._instances(tok_docs)
+    assert len(examples) == 1 and examples[0].n_sents == 3  # the three sentences in one row
+    batch = collate(examples)
+    with torch.no_grad():
+        lp = full_log_probs(tr.model.eval(), batch)[0].gather(1, batch.tgt_out[0][:, None]).squeeze(1).tolist()
+    ids = batch.tgt_out[0].tolist()
+    starts = [i for i, t in enumerate(ids) if t == SOS_ID]
+    ends = [i for i, t in enumerate(ids) if t == EOS_SENT_ID]
+    eos = ids.index(EOS_ID)
+    assert len(starts) == len(ends) == 3 and eos == ends[-1] + 1
+    want = [sum(lp[a : b + 1]) for a, b in zip(starts, ends)]
+    want[-1] += lp[eos]
+    got = tr.score([[s for s, _ in doc]], [[t for _, t in doc]])[0]
+    assert max(abs(a - b) for a, b in zip(got, want)) <= 1e-5, (got, want)
+    assert abs(lp[eos]) > 1e-3  # the <eos> term is there to be misplaced
+
+
+def test_cxmi_of_a_sentence_model_is_zero(trained_run, toy_dir, tmp_path):
+    """A sentence model cannot read context: both terms are the same scores, CXMI exactly 0."""
+    src, tgt, _ = _first_documents(toy_dir, tmp_path, 8)
+    out = tmp_path / "cxmi.json"
+    model = str(trained_run / "checkpoints" / "last.pt")
+    args = ["-model", model, "-cxmi", "-src", str(src), "-ref", str(tgt), "-json", str(out), "-threads", "1"]
+    assert evaluate_main(args) == 0
+    res = json.loads(out.read_text(encoding="utf-8"))["cxmi"]
+    assert res["cxmi"] == 0.0 and res["tokens"] > 100 and res["sentences_with_context"] == 0
+    assert all(p["cxmi"] == 0.0 for p in res["positions"].values())
+
+
+def test_cxmi_is_the_difference_of_two_score_runs(g_run, toy_dir, tmp_path):
+    """The G-Transformer's CXMI over every scored token (`cxmi_all`) times its token count equals,
+    to 1e-4, Σ over sentences of two independent `-score` runs: each sentence last in a document of
+    its (at most 2) preceding sentences, minus each sentence alone; 0 for each document's first
+    sentence. The toy pronoun follows the previous sentence's subject: the tokens that gain most
+    from context are pronouns, and the pronouns' P-CXMI is positive. (This 250-step model's
+    overall CXMI is negative, −0.06 nats a word: context still costs it on articles; the
+    quickstart-size toy models of docs/benchmarks.md are trained longer.)"""
+    from onmt_doc.evaluation.cxmi import cxmi
+
+    _, _, docs = _first_documents(toy_dir, tmp_path, 40)
+    tr = _translator(g_run)
+    res = cxmi(tr, iter(docs), max_context=2, top_tokens=5)
+    windows = [d[max(0, j - 2) : j + 1] for d in docs for j in range(len(d))]
+    with_context = [float(d[-1]) for d in tr.score_items(windows, exact=True)]
+    alone = [float(d[0]) for d in tr.score_items([[pair] for d in docs for pair in d], exact=True)]
+    assert len(with_context) == len(alone) == res["sentences"] > 100
+    assert abs(res["cxmi_all"] * res["tokens_all"] - (sum(with_context) - sum(alone))) <= 1e-4
+    assert res["tokens_all"] == res["tokens"] + 2 * res["sentences"]  # <s> and <eos> of each sentence
+    assert res["positions"]["1"]["cxmi"] == 0.0
+    assert res["sentences_with_context"] == res["sentences"] - len(docs)
+    top = [t["token"] for t in res["top_tokens"]]
+    assert len(top) == 5 and set(top[:3]) & ALL_PRONOUN_FORMS, top
+    # the same checkpoint as a separate baseline (the two-model path) gives the same figure
+    baseline = cxmi(tr, iter(docs), baseline=_translator(g_run), max_context=2)
+    assert abs(baseline["cxmi"] - res["cxmi"]) < 1e-5 and baseline["tokens"] == res["tokens"]
+    pronouns = [t for t in res["top_tokens"] if t["token"] in ALL_PRONOUN_FORMS]
+    assert sum(t["p_cxmi"] * t["count"] for t in pronouns) > 0
+
+
+def test_cxmi_mistakes_are_one_line_errors(trained_run, tmp_path, capsys):
+    model = str(trained_run / "checkpoints" / "last.pt")
+    cases = [
+        (["-model", model, "-cxmi", "-ref", model], "-cxmi needs -model, -src and -ref"),
+        (["-model", model, "-cxmi_baseline", model, "-suite", model], "-cxmi_baseline goes with -cxmi"),
+        (["-cxmi", "-src", model, "-ref", model, "-top_tokens", "-1"], "-cxmi needs -model"),
+    ]
+    for args, message in cases:
+        assert evaluate_main(args) == 1
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, err

@@ -53,6 +53,7 @@ class TrainTranslateParams:
     beam: int = 4
     pronouns: bool = False
     contrastive: bool = False
+    cxmi: bool = False  # CXMI of each system on the test documents (onmt_doc.evaluation.cxmi)
     contrastive_speed: list = field(default_factory=list)  # systems timed on the ContraPro-size suite
     speed_items: int = 12000
     gates: bool = False
@@ -149,6 +150,8 @@ def evaluate(p: TrainTranslateParams, ctx: StageContext, name: str, ckpt: str, d
     ctx.record(**row)
     if p.contrastive:
         contrastive(p, ctx, tr, name, hyp, data)
+    if p.cxmi:
+        context_usage(ctx, tr, name, data)
     if p.gates:
         gates(ctx, tr, name, data)
     if name in p.contrastive_speed:
@@ -177,6 +180,19 @@ def contrastive(p: TrainTranslateParams, ctx: StageContext, tr, name: str, hyp: 
         consistency_reference=t["consistency_reference"]["consistency"],
         repeated_terms=t["consistency"]["repeated_terms"],
     )
+
+
+def context_usage(ctx: StageContext, tr, name: str, data: dict, top: int = 5) -> None:
+    """CXMI over the test documents with their reference context (nats per target token), and the
+    tokens of largest mean point-wise CXMI."""
+    from onmt_doc.evaluation.cxmi import cxmi
+
+    t0 = time.time()
+    docs = ([*zip(s, r)] for s, r in zip(data["src"], data["ref"]))
+    res = cxmi(tr, docs, top_tokens=top)
+    top_tokens = ", ".join(f"{t['token']} {t['p_cxmi']:.2f}" for t in res["top_tokens"])
+    ctx.record(system=name, cxmi=res["cxmi"], cxmi_all=res["cxmi_all"], cxmi_tokens=res["tokens"],
+               cxmi_top=top_tokens, cxmi_s=time.time() - t0)  # fmt: skip
 
 
 def contrastive_speed(p: TrainTranslateParams, ctx: StageContext, tr, name: str) -> None:

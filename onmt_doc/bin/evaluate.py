@@ -1,9 +1,13 @@
 """onmt_doc_evaluate: what document context buys a model.
 
-  # contrastive suite (ContraPro-style JSON or TSV), with context, removed, and shuffled
+  # contrastive suite (our JSON or TSV), with context, removed, and shuffled
   onmt_doc_evaluate -model CKPT -suite test.contrastive.json -ablation none remove shuffle -json out.json
+  # a published suite from its own files, under its authors' rule (docs/evaluation.md, "Published suites")
+  onmt_doc_evaluate -model CKPT -suite consistency_testsets/deixis_test.json -format voita
   # metrics on translations: BLEU, chrF, d-BLEU, pronoun accuracy, lexical consistency
   onmt_doc_evaluate -hyp test.hyp -ref test.tgt -src test.src -lang de
+  # how much the model uses context: CXMI per target token, per sentence position, top tokens
+  onmt_doc_evaluate -model CKPT -cxmi -src test.src -ref test.tgt -top_tokens 20
 
 Candidates are scored by forced decoding in context through the code path of
 ``onmt_doc_translate -score``. Prints a table on stdout; -json writes every number; -tensorboard
@@ -31,12 +35,44 @@ def _parser() -> ArgumentParser:
     p = ArgumentParser(prog="onmt_doc_evaluate", description=__doc__)
     s = p.add_argument_group("contrastive suite")
     s.add_argument("-model", "--model", help="checkpoint (.pt); needed with -suite")
-    s.add_argument("-suite", "--suite", help="suite file (JSON array, JSON Lines or TSV)")
-    s.add_argument("-format", "--format", default="auto", choices=("auto", "json", "tsv"))
-    s.add_argument("-context_src", "--context_src", help="JSON suites: source context file")
-    s.add_argument("-context_tgt", "--context_tgt", help="JSON suites: target context file")
     s.add_argument(
-        "-context_lines", "--context_lines", type=int, default=1, help="lines of the context files per item (default 1)"
+        "-suite",
+        "--suite",
+        help="suite file: JSON array, JSON Lines or TSV; or a published suite's JSON (ContraPro's contrapro.json, "
+        "Voita et al.'s consistency_testsets/NAME.json, Bawden et al.'s anaphora.json or lexical-choice.json)",
+    )
+    s.add_argument(
+        "-format",
+        "--format",
+        default="auto",
+        choices=("auto", "json", "tsv", "contrapro", "voita", "bawden"),
+        help="the suite's format (auto: told from the file; docs/evaluation.md, 'Suite formats')",
+    )
+    s.add_argument(
+        "-context_src",
+        "--context_src",
+        help="source context lines: per item (json) or per candidate (contrapro.context.en, bawden's NAME.prev.en)",
+    )
+    s.add_argument("-context_tgt", "--context_tgt", help="target context lines, as -context_src")
+    s.add_argument(
+        "-context_lines",
+        "--context_lines",
+        type=int,
+        help="context lines per item (json) or candidate (contrapro, bawden); default 1 (contrapro: from the files)",
+    )
+    s.add_argument(
+        "-text_src",
+        "--text_src",
+        help="published suites: one source line per candidate (contrapro.text.en, scoring_data/NAME.src, "
+        "NAME.current.en), instead of the JSON's text",
+    )
+    s.add_argument("-text_tgt", "--text_tgt", help="the candidates' target lines, as -text_src (.de, .dst, .fr)")
+    s.add_argument(
+        "-rule",
+        "--rule",
+        choices=("strict", "first_best", "block"),
+        help="when an item is right (default: the suite's own rule: first_best for voita, else strict); "
+        "the other rules are reported beside it",
     )
     s.add_argument(
         "-max_context",
@@ -65,6 +101,17 @@ def _parser() -> ArgumentParser:
     t.add_argument("-lang", "--lang", default="de", help="target language of the built-in pronoun list")
     t.add_argument("-pronouns", "--pronouns", help="pronoun list file (one form a line), replaces -lang's")
     t.add_argument("-lexicon", "--lexicon", help="source<TAB>target lexicon for consistency (default: induced)")
+    c = p.add_argument_group("context usage (CXMI)")
+    c.add_argument(
+        "-cxmi",
+        "--cxmi",
+        action="store_true",
+        help="CXMI of -model on the documents -src/-ref: mean log p(y|x,context) - log p(y|x) per target token",
+    )
+    c.add_argument("-cxmi_baseline", "--cxmi_baseline", help="score without context by this model (default: -model)")
+    c.add_argument(
+        "-top_tokens", "--top_tokens", type=int, default=10, help="list the N tokens of largest mean P-CXMI (0: none)"
+    )
     o = p.add_argument_group("output")
     o.add_argument("-json", "--json", help="write the results as JSON to this file ('-' = stdout)")
     o.add_argument("-tensorboard", "--tensorboard", help="log the results as TensorBoard scalars in this folder")
@@ -72,20 +119,47 @@ def _parser() -> ArgumentParser:
 
 
 def _check(args: argparse.Namespace) -> None:
-    if not args.suite and not args.hyp:
-        raise UserError("nothing to evaluate: give -suite (with -model) and/or -hyp with -ref")
+    if not args.suite and not args.hyp and not args.cxmi:
+        raise UserError("nothing to evaluate: give -suite (with -model), -hyp with -ref, and/or -cxmi")
+    _check_cxmi(args)
     if args.suite and not args.model:
         raise UserError("-suite needs -model (the checkpoint that scores the candidates)")
-    if bool(args.hyp) != bool(args.ref):
+    if bool(args.hyp) != bool(args.ref) and not (args.cxmi and args.ref):
         raise UserError("-hyp and -ref go together")
     if args.max_context < 0:
         raise UserError(f"-max_context must be 0 or more (got {args.max_context})")
     if args.batch_tokens is not None and args.batch_tokens < 1:
         raise UserError(f"-batch_tokens must be at least 1 (got {args.batch_tokens})")
+    if args.context_lines is not None and args.context_lines < 1:
+        raise UserError(f"-context_lines must be at least 1 (got {args.context_lines})")
+    if args.rule == "block" and args.format not in ("auto", "bawden"):
+        raise UserError(f"-rule block needs a suite with blocks of items (-format bawden), not {args.format}")
     _check_outputs(args)
 
 
-INPUT_FLAGS = ("model", "suite", "context_src", "context_tgt", "hyp", "ref", "src", "pronouns", "lexicon")
+def _check_cxmi(args: argparse.Namespace) -> None:
+    if args.cxmi and not (args.model and args.src and args.ref):
+        raise UserError("-cxmi needs -model, -src and -ref (documents separated by blank lines)")
+    if args.cxmi_baseline and not args.cxmi:
+        raise UserError("-cxmi_baseline goes with -cxmi")
+    if args.top_tokens < 0:
+        raise UserError(f"-top_tokens must be 0 or more (got {args.top_tokens})")
+
+
+INPUT_FLAGS = (
+    "model",
+    "cxmi_baseline",
+    "suite",
+    "context_src",
+    "context_tgt",
+    "text_src",
+    "text_tgt",
+    "hyp",
+    "ref",
+    "src",
+    "pronouns",
+    "lexicon",
+)
 
 
 def _inputs(args: argparse.Namespace) -> list[Input]:
@@ -105,7 +179,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
         refuse_inputs(args.tensorboard, _inputs(args), "-tensorboard")
 
 
-def _translator(args: argparse.Namespace) -> Translator:
+def _translator(args: argparse.Namespace, checkpoint: Optional[str] = None) -> Translator:
     import torch
 
     from onmt_doc.devices import pick_device
@@ -113,30 +187,54 @@ def _translator(args: argparse.Namespace) -> Translator:
     from onmt_doc.translate.translator import Translator, translator_options
 
     device = pick_device(args.device, key="-device")
-    model, cfg, codec = load_model(args.model, device)
+    model, cfg, codec = load_model(checkpoint or args.model, device)
     opts = translator_options(cfg.translate, batch_tokens=args.batch_tokens)
     model.to(getattr(torch, opts.dtype))
     return Translator(model, codec, cfg, opts, device)
 
 
 def contrastive_results(args: argparse.Namespace) -> dict:
-    """Accuracy per ablation mode, each a full pass over the (streamed) suite."""
-    from onmt_doc.evaluation.contrastive import ablate, evaluate_suite, read_suite
+    """Accuracy per ablation mode, each a full pass over the (streamed) suite, under the suite's own
+    rule (or -rule), the other rules beside it. The suite and its line files are checked against
+    each other before the model loads."""
+    from onmt_doc.evaluation.contrastive import ablate, check_rule, evaluate_suite, read_suite, suite_format
 
+    fmt = suite_format(args.suite, args.format)
+    rule = check_rule(fmt, args.rule)
+    files = (args.context_src, args.context_tgt, args.context_lines, args.text_src, args.text_tgt)
+    first = read_suite(args.suite, fmt, *files)
     translator = _translator(args)
     results = {}
     scores = output_file(args.item_scores, _inputs(args), "-item_scores") if args.item_scores else None
     with scores or contextlib.nullcontext() as scores_out:
-        for mode in dict.fromkeys(args.ablation):
+        for n, mode in enumerate(dict.fromkeys(args.ablation)):
             start = time.time()
-            items = read_suite(args.suite, args.format, args.context_src, args.context_tgt, args.context_lines)
-            results[mode] = evaluate_suite(translator, ablate(items, mode, args.seed), args.max_context, scores_out)
+            items = first if n == 0 else read_suite(args.suite, fmt, *files)
+            results[mode] = evaluate_suite(
+                translator, ablate(items, mode, args.seed), args.max_context, scores_out, rule=rule
+            )
+            results[mode]["format"] = fmt
             results[mode]["seconds"] = round(time.time() - start, 2)
             print(
                 f"scored {results[mode]['total']} items (context {mode}) in {results[mode]['seconds']:.1f}s",
                 file=sys.stderr,
             )
     return results
+
+
+def cxmi_results(args: argparse.Namespace) -> dict:
+    """CXMI of -model on the documents of -src/-ref (streamed), against -cxmi_baseline if given."""
+    from onmt_doc.data.corpus import iter_parallel
+    from onmt_doc.evaluation.cxmi import cxmi
+
+    translator = _translator(args)
+    baseline = _translator(args, args.cxmi_baseline) if args.cxmi_baseline else None
+    start = time.time()
+    documents = (doc for doc in iter_parallel(args.src, args.ref, documents=True) if doc)
+    result = cxmi(translator, documents, baseline, args.max_context, args.top_tokens)
+    result["seconds"] = round(time.time() - start, 2)
+    print(f"CXMI: scored {result['sentences']} sentences twice in {result['seconds']:.1f}s", file=sys.stderr)
+    return result
 
 
 def translation_results(args: argparse.Namespace) -> dict:
@@ -207,6 +305,11 @@ def _main(argv: Optional[list[str]]) -> int:
     if args.suite:
         results["contrastive"] = contrastive_results(args)
         print(format_table(results["contrastive"]))
+    if args.cxmi:
+        from onmt_doc.evaluation.cxmi import format_cxmi
+
+        results["cxmi"] = cxmi_results(args)
+        print(format_cxmi(results["cxmi"]))
     if args.json:
         write_text(args.json, json.dumps(results, indent=1, ensure_ascii=False) + "\n", _inputs(args), "-json")
     if args.tensorboard:
