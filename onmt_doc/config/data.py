@@ -187,8 +187,9 @@ class VocabConfig:
         "ignored by SentencePiece",
     )
     sample_lines: int = option(
-        0,
-        "learn the subword model on the first this many non-blank lines of each file "
-        "(0 = all); the vocabulary counts all lines",
+        1_000_000,
+        "learn the subword model on a sample of this many non-blank lines per side, drawn uniformly over "
+        "all the training files (seeded: the same files give the same sample; 0 = every line); the "
+        "vocabulary counts every line",
         minimum=0,
     )

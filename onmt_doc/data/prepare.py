@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import shutil
 import time
 from collections import Counter
 from itertools import islice
-from typing import Iterator, Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
 from onmt_doc.config.data import CorpusConfig, DataConfig, VocabConfig
 from onmt_doc.data.cache import load_tokenized
 from onmt_doc.data.codec import Codec
-from onmt_doc.data.corpus import iter_lines, read_parallel
+from onmt_doc.data.corpus import iter_lines, iter_parallel
 from onmt_doc.data.example_fields import FieldProvider, attach_fields
 from onmt_doc.data.instances import Example, build_instances
 from onmt_doc.data.tokenizer import Subword
@@ -81,40 +82,107 @@ def require_train_paths(data: DataConfig) -> tuple[str, str]:
     return corpora[0].src, corpora[0].tgt
 
 
-def _nonblank(path: str, max_chars: int, limit: int) -> Iterator[str]:
-    lines = (line for line in iter_lines(path, max_chars) if line)
-    return islice(lines, limit) if limit else lines
+SAMPLE_SEED = 1  # the subword sample is a function of the files alone, not of train.seed
+COUNT_CHUNK = 10_000  # lines tokenized at a time while counting the vocabulary
+PROGRESS_SECONDS = 10.0
+
+
+def _nonblank(paths: Sequence[str], max_chars: int) -> Iterator[str]:
+    return (line for path in paths for line in iter_lines(path, max_chars) if line)
+
+
+def sample_lines(lines: Iterable[str], limit: int, seed: int = SAMPLE_SEED) -> list[str]:
+    """Every line when there are at most ``limit`` (0: no limit), else a uniform sample of ``limit``
+    lines drawn with ``seed`` (reservoir sampling, Vitter's algorithm R), in their order in the
+    input: spread over the whole corpus, not its head, in memory bounded by ``limit``."""
+    if not limit:
+        return list(lines)
+    rng = random.Random(seed)
+    reservoir: list[tuple[int, str]] = []
+    for i, line in enumerate(lines):
+        if i < limit:
+            reservoir.append((i, line))
+        else:
+            j = rng.randrange(i + 1)
+            if j < limit:
+                reservoir[j] = (i, line)
+    return [line for _, line in sorted(reservoir)]
+
+
+def count_tokens(subword: Subword, lines: Iterable[str], what: str, total: int = 0) -> Counter:
+    """Token counts of ``lines`` under ``subword``, tokenized in chunks of COUNT_CHUNK lines so that
+    memory holds one chunk and the counts, not the corpus; a progress line every PROGRESS_SECONDS."""
+    counts: Counter = Counter()
+    progress = Progress(what, total)
+    it = iter(lines)
+    while chunk := list(islice(it, COUNT_CHUNK)):
+        for toks in subword.tokenize_batch(chunk):
+            counts.update(toks)
+        progress.advance(len(chunk))
+    progress.done()
+    return counts
+
+
+class Progress:
+    """``what: N lines (R lines/s, ETA …)`` on the log every PROGRESS_SECONDS of a long pass."""
+
+    def __init__(self, what: str, total: int = 0) -> None:
+        self.what, self.total, self.n = what, total, 0
+        self.start = self.last = time.time()
+
+    def advance(self, n: int) -> None:
+        """Count ``n`` more lines; log if it is time."""
+        self.n += n
+        now = time.time()
+        if now - self.last >= PROGRESS_SECONDS:
+            self.last = now
+            rate = self.n / max(now - self.start, 1e-9)
+            eta = f", ETA {(self.total - self.n) / rate:.0f} s" if self.total > self.n else ""
+            of = f" of {self.total:,}" if self.total else ""
+            log.info("%s: %s%s lines (%s lines/s%s)", self.what, f"{self.n:,}", of, f"{rate:,.0f}", eta)
+
+    def done(self) -> None:
+        """A last line for a pass that logged along the way."""
+        if self.last > self.start:
+            log.info("%s: %s lines in %.0f s", self.what, f"{self.n:,}", time.time() - self.start)
+
+
+def _aligned_lines(corpora: Sequence[CorpusConfig], max_chars: int) -> int:
+    """Check every corpus's alignment (streamed: errors name the file and line) and count its
+    non-blank lines per side, before the slow part."""
+    progress = Progress("checking alignment")
+    for c in corpora:
+        for doc in iter_parallel(c.src, c.tgt, c.documents, max_chars):
+            progress.advance(len(doc) if doc else 0)
+    progress.done()
+    return progress.n
 
 
 def build_codec(data: DataConfig, vocab: VocabConfig, run_dir: str, force: bool = False) -> Codec:
-    """Learn the subword model(s) on the training files (of every corpus) as ``vocab`` says, count the
-    vocabularies and save them in ``run_dir`` (:func:`save_codec`: ``force`` replaces those of a run
-    with checkpoints)."""
+    """Learn the subword model(s) on a bounded sample of the training files (of every corpus:
+    ``vocab.sample_lines`` per side), count the vocabularies over every line, streamed, and save
+    them in ``run_dir`` (:func:`save_codec`: ``force`` replaces those of a run with checkpoints).
+    Memory: the sample and the counts, not the corpus."""
     corpora = train_corpora(data)
     inputs = [(f"data.train.{c.name}.{side}", getattr(c, side)) for c in corpora for side in ("src", "tgt")]
     max_chars = data.max_line_chars
-    for c in corpora:  # validate alignment before the slow part
-        read_parallel(c.src, c.tgt, c.documents, max_chars)
+    total = _aligned_lines(corpora, max_chars)
 
-    def lines(side: str, limit: int) -> list[str]:
-        return [line for c in corpora for line in _nonblank(getattr(c, side), max_chars, limit)]
+    def lines(side: str) -> Iterator[str]:
+        return _nonblank([getattr(c, side) for c in corpora], max_chars)
+
+    def sample(side: str) -> list[str]:
+        return sample_lines(lines(side), vocab.sample_lines)
 
     if vocab.shared:
-        src_sw = tgt_sw = Subword.learn(
-            vocab.subword,
-            vocab.tokenizer,
-            vocab.size,
-            lines("src", vocab.sample_lines) + lines("tgt", vocab.sample_lines),
-        )
+        src_sw = tgt_sw = Subword.learn(vocab.subword, vocab.tokenizer, vocab.size, sample("src") + sample("tgt"))
     else:
-        src_sw = Subword.learn(vocab.subword, vocab.tokenizer, vocab.size, lines("src", vocab.sample_lines))
-        tgt_sw = Subword.learn(vocab.subword, vocab.tokenizer, vocab.size, lines("tgt", vocab.sample_lines))
-    counts = {}
-    for side, sw in (("src", src_sw), ("tgt", tgt_sw)):
-        c: Counter = Counter()
-        for toks in sw.tokenize_batch(lines(side, 0)):
-            c.update(toks)
-        counts[side] = c
+        src_sw = Subword.learn(vocab.subword, vocab.tokenizer, vocab.size, sample("src"))
+        tgt_sw = Subword.learn(vocab.subword, vocab.tokenizer, vocab.size, sample("tgt"))
+    counts = {
+        side: count_tokens(sw, lines(side), f"counting {side} tokens", total)
+        for side, sw in (("src", src_sw), ("tgt", tgt_sw))
+    }
     if vocab.shared:
         src_vocab = tgt_vocab = Vocab.build(counts["src"] + counts["tgt"], vocab.min_freq, vocab.max_size)
     else:
