@@ -11,8 +11,9 @@ from conftest import module_cmd, run_cli, tiny_config
 
 from onmt_doc.bin.evaluate import main as evaluate_main
 from onmt_doc.data.corpus import iter_parallel
-from onmt_doc.evaluation.contrastive import ContextWindow, _json_objects, ablate, read_suite, score_suite
+from onmt_doc.evaluation.contrastive import ContextWindow, ablate, read_suite, score_suite
 from onmt_doc.evaluation.document_metrics import PRONOUNS, induce_lexicon, lexical_consistency, pronoun_accuracy
+from onmt_doc.evaluation.suite_files import _json_objects
 from onmt_doc.models.checkpoint import load_model
 from onmt_doc.toy.contrastive_suite import write_toy_suite
 from onmt_doc.toy.corpus import ALL_PRONOUN_FORMS

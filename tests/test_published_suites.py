@@ -32,14 +32,13 @@ from onmt_doc.errors import DataError, UserError
 from onmt_doc.evaluation.contrastive import (
     Accuracy,
     ContextWindow,
-    ContrastiveItem,
     ablate,
-    detect_format,
     evaluate_suite,
     item_right,
     read_suite,
     score_suite,
 )
+from onmt_doc.evaluation.suite_files import ContrastiveItem, detect_format
 from onmt_doc.models.checkpoint import load_model
 from onmt_doc.translate.translator import Translator
 

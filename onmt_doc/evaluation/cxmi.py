@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional
 
 from onmt_doc.data.vocab import EOS_ID, SOS_ID
 from onmt_doc.errors import DataError, UserError
-from onmt_doc.evaluation.contrastive import ContextWindow, ContrastiveItem
+from onmt_doc.evaluation.contrastive import ContextWindow
+from onmt_doc.evaluation.suite_files import ContrastiveItem
 
 if TYPE_CHECKING:
     from onmt_doc.translate.translator import Translator

@@ -44,7 +44,7 @@ import re
 from typing import Iterator, Optional
 
 from onmt_doc.errors import DataError, UserError
-from onmt_doc.evaluation.contrastive import (
+from onmt_doc.evaluation.suite_files import (
     ContrastiveItem,
     _check_item,
     _json_item,

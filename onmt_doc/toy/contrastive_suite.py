@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Iterator
 
-from onmt_doc.evaluation.contrastive import CONTEXT_SEP
+from onmt_doc.evaluation.suite_files import CONTEXT_SEP
 from onmt_doc.outputs import output_file, write_text
 from onmt_doc.toy.corpus import PRONOUN_FORMS, ToySentence, generate_documents
 
