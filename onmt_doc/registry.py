@@ -27,6 +27,7 @@ _REGISTRY_MODULES = {
     "field": "onmt_doc.data.example_fields",  # providers register on import (z*: data/pmi.py)
     "search": "onmt_doc.translate.search",  # strategies: translate.strategy (beam, greedy, sampling)
     "length_penalty": "onmt_doc.translate.length_penalty",  # translate.length_penalty_type
+    "engine": "onmt_doc.translate.ctranslate2_engine",  # Translator.load(engine=): torch, ctranslate2
 }
 
 

@@ -1,5 +1,6 @@
-"""Export a sentence-level Transformer checkpoint to CTranslate2, with its subword model(s),
-vocabularies and a README saying how to tokenize and decode.
+"""Export a Transformer checkpoint (a sentence model, or a k_to_1 / k_to_k concatenation model) to
+CTranslate2, with its subword model(s), vocabularies, the unit and k, and a README saying how to
+build inputs, tokenize and decode. Translate it with onmt_doc_translate -engine ctranslate2 -model OUT.
 
 onmt_doc_release -model runs/x/checkpoints/last.pt -output ct2_model [-quantization int8] [-force]
 
@@ -20,7 +21,12 @@ def _main(argv: Optional[list[str]] = None) -> int:
     p = ArgumentParser(
         prog="onmt_doc_release", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("-model", "--model", required=True, help="onmt_doc checkpoint (transformer encoder + decoder)")
+    p.add_argument(
+        "-model",
+        "--model",
+        required=True,
+        help="onmt_doc checkpoint (transformer encoder + decoder; sentence, k_to_1 or k_to_k unit)",
+    )
     p.add_argument("-output", "--output", required=True, help="folder for the CTranslate2 model")
     p.add_argument(
         "-quantization",

@@ -1,8 +1,10 @@
-"""onmt_doc_server -model CKPT [-model NAME=CKPT ...] [-host 127.0.0.1] [-port 5000] …
+"""onmt_doc_server -model CKPT [-model NAME=CKPT ...] [-model NAME=A.pt B.pt ...] [-host 127.0.0.1] [-port 5000] …
 
 Serves translation as JSON over HTTP (Flask app, waitress server; docs/deploy.md): ``GET /health``,
 ``GET /models``, ``POST /translate`` with ``{"model": NAME, "documents": [[sentence, ...], ...]}``.
-The first -model is the default; ``NAME=CKPT`` names a model (an unnamed one is ``default``).
+Each -model is one served model; the first is the default; ``NAME=CKPT`` names a model (an unnamed
+one is ``default``). Several checkpoints after one -model (``-model NAME=A.pt B.pt``) are one model,
+an ensemble, as ``onmt_doc_translate -model A.pt B.pt`` translates them (-ensemble_average).
 Each model's worker thread cuts requests into slices of at most -batch_tokens source words and
 translates the slices of concurrent requests together, round-robin, so a large request cannot
 hold the worker; it waits at most -batch_wait_ms for more requests. A request over
@@ -42,13 +44,20 @@ OPTION_FLAGS = {
     "dtype": "dtype",
     "max_length": "max_length",
     "max_input_tokens": "max_input_tokens",
+    "ensemble_average": "ensemble_average",
 }
 
 
 def _parser() -> ArgumentParser:
     p = ArgumentParser(prog=PROG, description=__doc__)
     p.add_argument(
-        "-model", "--model", required=True, action="append", metavar="[NAME=]CKPT", help="checkpoint; repeat for more"
+        "-model",
+        "--model",
+        required=True,
+        action="append",
+        nargs="+",
+        metavar="[NAME=]CKPT",
+        help="a model to serve: a checkpoint, or several (an ensemble); repeat -model for more models",
     )
     p.add_argument("-host", "--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all interfaces)")
     p.add_argument("-port", "--port", type=int, default=5000, help="port (0: any free port, printed at start)")
@@ -94,21 +103,35 @@ def _parser() -> ArgumentParser:
     p.add_argument("-dtype", "--dtype", choices=["float32", "bfloat16", "float16"])
     p.add_argument("-max_length", "--max_length", type=int, help="output cap per sentence (tokens)")
     p.add_argument("-max_input_tokens", "--max_input_tokens", type=int, help="longer lines translate in pieces")
+    p.add_argument(
+        "-ensemble_average",
+        "--ensemble_average",
+        choices=["log_prob", "prob"],
+        help="ensembles: average log-probabilities (default) or probabilities",
+    )
     return p
 
 
-def model_specs(values: list[str]) -> list[tuple[str, str]]:
-    """(name, checkpoint) of each -model: ``NAME=CKPT`` or ``CKPT`` (named ``default``)."""
-    specs = []
+def model_specs(values: list[list[str]]) -> list[tuple[str, list[str]]]:
+    """(name, checkpoints) of each -model: ``NAME=CKPT [CKPT ...]`` or ``CKPT [CKPT ...]`` (named
+    ``default``); several checkpoints are one ensemble."""
+    specs: list[tuple[str, list[str]]] = []
     for value in values:
-        name, sep, path = value.partition("=")
+        first, more = (value[0], value[1:]) if isinstance(value, list) else (value, [])
+        name, sep, path = first.partition("=")
         if not sep or not NAME.match(name):
-            name, path = "default", value
+            name, path = "default", first
         if not path:
-            raise UserError(f"-model {value}: no checkpoint after '='")
+            raise UserError(f"-model {first}: no checkpoint after '='")
+        for other in more:
+            if NAME.match(other.partition("=")[0]) and "=" in other and not os.path.exists(other):
+                raise UserError(
+                    f"-model {' '.join(value)}: a name only goes before the first checkpoint; "
+                    f"serve another model with another -model ({other})"
+                )
         if name in (n for n, _ in specs):
             raise UserError(f"-model: the name '{name}' is given twice; name models with -model NAME=CKPT")
-        specs.append((name, path))
+        specs.append((name, [path, *more]))
     return specs
 
 
@@ -218,9 +241,10 @@ def _main(argv: Optional[list[str]]) -> int:
     warning = exposure_warning(args.host, check_host(args.host), api_key)
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    for _, path in specs:  # before the port is taken and torch imported: a typo fails at once
-        if not os.path.isfile(path):
-            raise UserError(f"{path}: checkpoint not found")
+    for _, paths in specs:  # before the port is taken and torch imported: a typo fails at once
+        for path in paths:
+            if not os.path.isfile(path):
+                raise UserError(f"{path}: checkpoint not found")
     try:
         import waitress  # noqa: F401
         from flask import Flask  # noqa: F401
@@ -243,10 +267,10 @@ def _main(argv: Optional[list[str]]) -> int:
     try:
         names = {option: f"-{flag}" for flag, option in OPTION_FLAGS.items()}
         options = {o: getattr(args, f) for f, o in OPTION_FLAGS.items() if getattr(args, f) is not None}
-        for name, path in specs:
-            translator = Translator.load(path, args.device, option_names={**names, "device": "-device"}, **options)
+        for name, paths in specs:
+            translator = Translator.load(paths, args.device, option_names={**names, "device": "-device"}, **options)
             batcher = Batcher(translator, args.batch_tokens, args.batch_wait_ms, name)
-            state.models[name] = ServedModel(name, path, translator, batcher)
+            state.models[name] = ServedModel(name, paths, translator, batcher)
     except BaseException:
         server.close()
         raise
@@ -262,8 +286,9 @@ def _main(argv: Optional[list[str]]) -> int:
     loop = threading.Thread(target=server.run, name="onmt_doc-http", daemon=True)
     loop.start()
     host, port = _address(server, args)
+    served = ", ".join(f"{n} ({' + '.join(p)})" for n, p in specs)
     print(
-        f"{PROG}: serving {', '.join(f'{n} ({p})' for n, p in specs)} on http://{host}:{port} (pid {os.getpid()})",
+        f"{PROG}: serving {served} on http://{host}:{port} (pid {os.getpid()})",
         file=sys.stderr,
         flush=True,
     )

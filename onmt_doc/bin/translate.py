@@ -5,14 +5,17 @@ document written as soon as it is translated. With -tgt, prints BLEU and chrF (a
 document files) to stderr; with -score, writes the log-probability of each -tgt sentence instead.
 -output FILE is written to a temporary file in the same folder and renamed when done, so a failed
 run never truncates an existing file; an -output that is (a link to) an input file is refused.
-Several -model checkpoints translate as an ensemble. A thin layer over the Python API
-(``Translator.load`` … ``run_files``, docs/deploy.md).
+Several -model checkpoints translate as an ensemble. -engine ctranslate2 -model FOLDER translates
+with a CTranslate2 export of onmt_doc_release (sentence, k_to_1 and k_to_k models) instead of
+onmt_doc's own search. A thin layer over the Python API (``Translator.load`` … ``run_files``,
+docs/deploy.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Optional
@@ -24,7 +27,20 @@ from onmt_doc.outputs import check_writable_target, output_file, refuse_inputs, 
 
 def _parser() -> ArgumentParser:
     p = ArgumentParser(prog="onmt_doc_translate", description=__doc__)
-    p.add_argument("-model", "--model", required=True, nargs="+", help="checkpoint (.pt); several: an ensemble")
+    p.add_argument(
+        "-model",
+        "--model",
+        required=True,
+        nargs="+",
+        help="checkpoint (.pt); several: an ensemble; with -engine ctranslate2: the folder onmt_doc_release wrote",
+    )
+    p.add_argument(
+        "-engine",
+        "--engine",
+        default="torch",
+        help="torch: onmt_doc's own search over the checkpoint (default); ctranslate2: CTranslate2 over the "
+        "folder onmt_doc_release wrote (sentence, k_to_1, k_to_k models; needs the export extra)",
+    )
     p.add_argument("-src", "--src", required=True, help="source file, '-' for standard input")
     p.add_argument("-output", "--output", default="-", help="output file, '-' for standard output")
     p.add_argument("-tgt", "--tgt", help="reference file: report BLEU/chrF/d-BLEU, or the text to -score")
@@ -126,6 +142,18 @@ def translate_overrides(args: argparse.Namespace) -> dict:
     return {option: getattr(args, option) for option in OPTION_FLAGS.values() if getattr(args, option) is not None}
 
 
+def _model_files(models: list[str]) -> list[str]:
+    """The files the models are read from: a checkpoint, or each file of an export folder (which
+    no output may overwrite)."""
+    files = []
+    for model in models:
+        if os.path.isdir(model):
+            files += sorted(os.path.join(model, name) for name in os.listdir(model))
+        else:
+            files.append(model)
+    return files
+
+
 def _main(argv: Optional[list[str]]) -> int:
     args = _parser().parse_args(argv)
     import torch
@@ -137,7 +165,9 @@ def _main(argv: Optional[list[str]]) -> int:
     setup_logging()
     if args.score and not args.tgt:
         raise UserError("-score needs -tgt (the translations to score)")
-    inputs = [("-src", args.src), ("-tgt", args.tgt), *(("-model", m) for m in args.model)]
+    if args.engine == "ctranslate2" and args.score:
+        raise UserError("-score needs the checkpoint and -engine torch: a CTranslate2 export only translates")
+    inputs = [("-src", args.src), ("-tgt", args.tgt), *(("-model", m) for m in _model_files(args.model))]
     refuse_inputs(args.output, inputs)
     check_writable_target(args.output)
     if args.metrics_file:
@@ -149,7 +179,11 @@ def _main(argv: Optional[list[str]]) -> int:
         torch.set_num_threads(args.threads)
     names = {option: f"-{flag}" for flag, option in OPTION_FLAGS.items()}
     translator = Translator.load(
-        args.model, args.device, option_names={**names, "device": "-device"}, **translate_overrides(args)
+        args.model,
+        args.device,
+        option_names={**names, "device": "-device", "engine": "-engine"},
+        engine=args.engine,
+        **translate_overrides(args),
     )
     if args.max_line_chars is not None:
         translator.cfg.data.max_line_chars = args.max_line_chars

@@ -1,4 +1,6 @@
-"""Export a sentence-level Transformer to CTranslate2 (its Python spec API, ``ctranslate2.specs``).
+"""Export a Transformer to CTranslate2 (its Python spec API, ``ctranslate2.specs``): a sentence model,
+or a concatenation model (``model.unit: k_to_1 | k_to_k``, docs/models/concatenation.md), which is
+the same network over concatenated sentences.
 
 CTranslate2's ``TransformerSpec`` is the same network as our ``transformer`` encoder + decoder:
 embeddings scaled by sqrt(d) plus sinusoidal positions from 0 (we pass our own table, so the
@@ -13,21 +15,25 @@ imported from OpenNMT-py) exports as CTranslate2's own Transformers run: the bar
 target prefix (the decoder starts from ``<bos>``), ``<eos>`` ends it. :func:`translation_options`,
 :func:`source_tokens` and :func:`target_prefix` give what a CTranslate2 caller needs to decode as
 onmt_doc's search does; ``onmt_doc_export.json`` and the README beside the model say the same for
-callers without onmt_doc.
+callers without onmt_doc. The JSON file records the unit and k (``unit``, ``context_sentences``) and
+the onmt_doc config sections that build the inputs and the translate defaults (``onmt_doc_config``),
+so ``Translator.load(folder, engine="ctranslate2")`` (onmt_doc/translate/ctranslate2_engine.py,
+where these helpers live) builds exactly the inputs onmt_doc's translator builds.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import numpy as np
 import torch
 
+from onmt_doc.config import Config, config_to_dict
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.tokenizer import Subword
-from onmt_doc.data.vocab import BOS, EOS, EOS_SENT, MASK, PAD, SOS, UNK
+from onmt_doc.data.vocab import BOS, EOS, EOS_SENT, SOS, UNK
 from onmt_doc.decoders.transformer import TransformerDecoder, TransformerDecoderLayer
 from onmt_doc.encoders.transformer import TransformerEncoder, TransformerEncoderLayer
 from onmt_doc.errors import UserError
@@ -36,37 +42,39 @@ from onmt_doc.models.model import EncoderDecoder
 from onmt_doc.modules.attention import MultiHeadAttention
 from onmt_doc.modules.embeddings import sinusoid_table
 from onmt_doc.outputs import output_folder, write_text
+from onmt_doc.translate.ctranslate2_engine import (  # noqa: F401 (the export's decoding helpers, used from here)
+    INFO_FILE,
+    UNITS,
+    import_ctranslate2,
+    source_tokens,
+    target_prefix,
+    target_words,
+    translation_options,
+)
 
 QUANTIZATIONS = ("float32", "float16", "bfloat16", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16")
-INFO_FILE = "onmt_doc_export.json"
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, used by every norm of our Transformer
 
 
-def import_ctranslate2() -> Any:
-    """The ``ctranslate2`` module, or a one-line error saying how to install the optional extra."""
-    try:
-        import ctranslate2
-    except ImportError:
-        raise UserError("ctranslate2 is not installed; install the export extra: pip install -e '.[export]'") from None
-    return ctranslate2
-
-
 def check_exportable(model: EncoderDecoder) -> None:
-    """Only the plain sentence-level ``transformer`` encoder + ``transformer`` decoder have a
-    CTranslate2 counterpart; anything else is named in a one-line error."""
+    """Only the plain ``transformer`` encoder + ``transformer`` decoder have a CTranslate2
+    counterpart, over sentences or concatenated sentences (:data:`UNITS`); anything else is named in
+    a one-line error."""
     enc, dec = type(model.encoder), type(model.decoder)
     if enc is not TransformerEncoder:
         raise UserError(
-            f"encoder {enc.__name__} is not exportable to CTranslate2: only the sentence-level "
-            "`transformer` encoder + `transformer` decoder are"
+            f"encoder {enc.__name__} is not exportable to CTranslate2: only the `transformer` encoder + "
+            "`transformer` decoder are (sentence, k_to_1 and k_to_k models)"
         )
     if dec is not TransformerDecoder:
         raise UserError(
-            f"decoder {dec.__name__} is not exportable to CTranslate2: only the sentence-level "
-            "`transformer` encoder + `transformer` decoder are"
+            f"decoder {dec.__name__} is not exportable to CTranslate2: only the `transformer` encoder + "
+            "`transformer` decoder are (sentence, k_to_1 and k_to_k models)"
         )
-    if model.unit != "sentence":
-        raise UserError(f"a model of translation unit {model.unit!r} is not exportable to CTranslate2")
+    if model.unit not in UNITS:
+        raise UserError(
+            f"a model of translation unit {model.unit!r} is not exportable to CTranslate2 (only {', '.join(UNITS)})"
+        )
 
 
 class _Weights:
@@ -187,7 +195,7 @@ def export_ctranslate2(
         spec = build_spec(model, codec, max_positions)
         spec.optimize(quantization=quantization)
         spec.save(folder)
-        info = export_info(codec, quantization or "float32", max_positions, cfg.data.sentence_markup)
+        info = export_info(codec, quantization or "float32", max_positions, cfg.data.sentence_markup, model.unit, cfg)
         for side, subword in (("source", codec.src_subword), ("target", codec.tgt_subword)):
             name = info["tokenization"][side]["subword_model"]
             if name:
@@ -198,24 +206,41 @@ def export_ctranslate2(
 
 
 def _tokenizer_settings(subword: Subword, name: str) -> dict:
-    """pyonmttok ``Tokenizer`` arguments that reproduce :class:`Subword` (onmt_doc/data/tokenizer.py)."""
+    """pyonmttok ``Tokenizer`` arguments that reproduce :class:`Subword` (onmt_doc/data/tokenizer.py),
+    and its ``mode`` (what rebuilds the :class:`Subword`)."""
     mode, options = Subword._options(subword.kind, subword.mode)
     if subword.kind != "none" and subword.model is not None:
         options = {**options, ("sp_model_path" if subword.kind == "sentencepiece" else "bpe_model_path"): name}
-    return {"kind": subword.kind, "subword_model": name if subword.model is not None else None,
+    return {"kind": subword.kind, "mode": subword.mode, "subword_model": name if subword.model is not None else None,
             "pyonmttok_mode": mode, "pyonmttok_options": options}  # fmt: skip
 
 
-def export_info(codec: Codec, quantization: str, max_positions: int, markup: bool = True) -> dict:
-    """How to tokenize and decode with the exported model (written as ``onmt_doc_export.json``);
-    ``markup``: the model's ``data.sentence_markup``."""
+# the data keys that decide a translation input (the unit's own, e.g. context_sentences, are among them)
+_DATA_KEYS = ("documents", "max_tokens", "max_sentences", "context_sentences", "max_line_chars", "sentence_markup")
+
+
+def export_info(
+    codec: Codec,
+    quantization: str,
+    max_positions: int,
+    markup: bool = True,
+    unit: str = "sentence",
+    cfg: Optional[Config] = None,
+) -> dict:
+    """How to build inputs, tokenize and decode with the exported model (written as
+    ``onmt_doc_export.json``); ``markup``: the model's ``data.sentence_markup``; ``unit`` its
+    translation unit, with k (``data.context_sentences``) for ``k_to_1``/``k_to_k``; ``cfg``: the
+    checkpoint's config, whose data keys that shape inputs (no file paths), vocab, model and
+    translate sections are recorded for the ctranslate2 engine."""
     same = codec.src_subword.to_dict() == codec.tgt_subword.to_dict()
     src_name = "subword.model" if same else "source_subword.model"
     tgt_name = "subword.model" if same else "target_subword.model"
-    return {
+    info: dict[str, Any] = {
         "format": "onmt_doc CTranslate2 export 1",
         "quantization": quantization,
         "max_positions": max_positions,
+        "unit": unit,
+        "context_sentences": cfg.data.context_sentences if cfg is not None and unit != "sentence" else None,
         "tokenization": {
             "source": _tokenizer_settings(codec.src_subword, src_name),
             "target": _tokenizer_settings(codec.tgt_subword, tgt_name),
@@ -224,54 +249,27 @@ def export_info(codec: Codec, quantization: str, max_positions: int, markup: boo
         "target_prefix": target_prefix(markup),
         "translate_options": translation_options(max_positions, markup),
     }
-
-
-def translation_options(max_positions: int = 1024, markup: bool = True) -> dict:
-    """``Translator.translate_batch`` keyword arguments that decode as onmt_doc's search does for a
-    sentence (onmt_doc/translate/search.py): ``<s>`` forced first, stop at ``</s>`` (after which
-    ``<eos>`` is forced) or ``<eos>``, never ``<pad>``/``<bos>``/``<mask>`` or a second ``<s>``, and at
-    least one token after ``<s>`` (no empty sentence). Use with ``target_prefix=[["<s>"]] * n``.
-    ``markup`` false (``data.sentence_markup``): no prefix, ``<eos>`` ends, ``<s>``/``</s>`` never
-    generated, at least one word."""
-    if not markup:
-        return {
-            "end_token": [EOS],
-            "suppress_sequences": [[PAD], [BOS], [MASK], [SOS], [EOS_SENT]],
-            "min_decoding_length": 1,  # one word before <eos> (no prefix)
-            "max_decoding_length": min(250, max_positions - 1),
+    if unit == "k_to_k":
+        info["context_translate_options"] = translation_options(max_positions, markup, last=False)
+    if cfg is not None:
+        raw = config_to_dict(cfg)
+        info["onmt_doc_config"] = {
+            "data": {key: raw["data"][key] for key in _DATA_KEYS},
+            **{section: raw[section] for section in ("vocab", "model", "translate")},
         }
-    return {
-        "end_token": [EOS_SENT, EOS],
-        "suppress_sequences": [[PAD], [BOS], [MASK], [SOS]],
-        "min_decoding_length": 2,  # counts the <s> prefix: <s> and one word before </s> may end it
-        "max_decoding_length": min(250, max_positions - 1),
-    }
-
-
-def source_tokens(tokens: Sequence[str], markup: bool = True) -> list[str]:
-    """A tokenized source sentence with our markup, ``<s> … </s>`` (as it is without markup)."""
-    return [SOS, *tokens, EOS_SENT] if markup else list(tokens)
-
-
-def target_prefix(markup: bool = True) -> list[str]:
-    """The target prefix of each sentence: ``<s>`` with markup, none without."""
-    return [SOS] if markup else []
-
-
-def target_words(tokens: Sequence[str]) -> list[str]:
-    """A CTranslate2 output without its ``<s>`` prefix and any markup, ready to detokenize."""
-    return [t for t in tokens if t not in (PAD, SOS, EOS_SENT, BOS, EOS, MASK)]
+    return info
 
 
 def _readme(info: dict) -> str:
     src, tgt = info["tokenization"]["source"], info["tokenization"]["target"]
     if not info["target_prefix"]:
         return _readme_bare(info, src, tgt)
+    opts = info["translate_options"]
     return f"""# CTranslate2 model exported by onmt_doc
 
-Quantization: {info["quantization"]}. Tokenization (pyonmttok): source `Tokenizer("{src["pyonmttok_mode"]}",
-**{src["pyonmttok_options"]!r})`, target `Tokenizer("{tgt["pyonmttok_mode"]}",
-**{tgt["pyonmttok_options"]!r})` (paths relative to this folder).
+Translation unit: `{info["unit"]}`{_k_of(info)}. Quantization: {info["quantization"]}. Tokenization (pyonmttok):
+source `Tokenizer("{src["pyonmttok_mode"]}", **{src["pyonmttok_options"]!r})`, target
+`Tokenizer("{tgt["pyonmttok_mode"]}", **{tgt["pyonmttok_options"]!r})` (paths relative to this folder).
 
 Each source sentence is `<s> tokens… </s>`. Translate with `target_prefix=[["<s>"]]` per sentence and
 the options of `onmt_doc_export.json` (`translate_options`), drop the `<s>` of the output, detokenize:
@@ -283,14 +281,47 @@ detok = pyonmttok.Tokenizer("{tgt["pyonmttok_mode"]}", **{tgt["pyonmttok_options
 tr = ctranslate2.Translator(".", device="cpu", inter_threads=1, intra_threads=1)
 src = [["<s>", *tok.tokenize(line)[0], "</s>"] for line in ["Hello world ."]]
 out = tr.translate_batch(src, target_prefix=[["<s>"]] * len(src), beam_size=4,
-                         end_token={info["translate_options"]["end_token"]!r},
-                         suppress_sequences={info["translate_options"]["suppress_sequences"]!r},
-                         min_decoding_length=2, max_decoding_length={info["translate_options"]["max_decoding_length"]})
+                         end_token={opts["end_token"]!r},
+                         suppress_sequences={opts["suppress_sequences"]!r},
+                         max_decoding_length={opts["max_decoding_length"]})
 print([detok.detokenize([t for t in r.hypotheses[0] if t != "<s>"]) for r in out])
 ```
-
+{_readme_unit(info)}
 Position encodings cover {info["max_positions"]} positions (source or target, markup included);
-export again with a larger `-max_positions` for longer inputs.
+export again with a larger `-max_positions` for longer inputs. With onmt_doc installed,
+`onmt_doc_translate -engine ctranslate2 -model <this folder> -src FILE` does all of this, documents
+and contexts included.
+"""
+
+
+def _k_of(info: dict) -> str:
+    return (
+        f" (k = {info['context_sentences']}: the previous sentences in context)" if info["unit"] != "sentence" else ""
+    )
+
+
+def _readme_unit(info: dict) -> str:
+    """How a concatenation model's inputs are built (nothing for a sentence model)."""
+    k = info["context_sentences"]
+    if info["unit"] == "sentence":
+        return ""
+    window = (
+        f"The model is a concatenation model (`{info['unit']}`, k = {k}): the source of sentence i of a\n"
+        "document is the marked sentences i-k … i concatenated (fewer at the document's start, never across\n"
+        "a document break), e.g. `<s> previous … </s> <s> current … </s>`."
+    )
+    if info["unit"] == "k_to_1":
+        return f"\n{window}\nThe output is the translation of sentence i alone, decoded as above.\n"
+    return f"""
+{window}
+The target holds the translations of the same sentences, each `<s> … </s>`; keep the last.
+onmt_doc decodes the whole window (by default): for each sentence of the window in turn, continue
+the tokens decoded so far (`target_prefix` = them + `<s>`), with the options of
+`context_translate_options` for the context sentences (they end at `</s>`) and `translate_options`
+for the last; with greedy search this equals onmt_doc's own search. Or (onmt_doc's
+`translate.force_context_prefix`) translate a document sentence by sentence and force the
+translations already made of the previous sentences as the prefix,
+`<s> y(i-k) </s> … <s> y(i-1) </s> <s>`, with the options `translate_options`.
 """
 
 

@@ -7,8 +7,9 @@ Endpoints (JSON in, JSON out; docs/deploy.md has curl examples):
   calls; the most requests one call translated together; requests dropped because their client
   disconnected or the server stopped). Never needs the API key; 503 with ``"status": "stopping"``
   once shutdown has begun, so a load balancer stops sending.
-- ``GET /models``: per model its name, checkpoint file name (never its directory), unit,
-  encoder/decoder types, vocabulary sizes, translate options; the default model and the request limits.
+- ``GET /models``: per model its name, checkpoint file names (never their directories; several for
+  an ensemble), unit, encoder/decoder types, vocabulary sizes, translate options; the default model
+  and the request limits.
 - ``POST /translate``: ``{"model": NAME (optional), "documents": [[sentence, ...], ...]}`` →
   ``{"model": NAME, "translations": [[...], ...]}``; ``{"document": [...]}`` (one document) →
   ``{"translation": [...]}``. ``"scores": true`` adds each best hypothesis' score;
@@ -65,21 +66,27 @@ class Limits:
 
 @dataclass
 class ServedModel:
-    """A loaded model, the worker that alone uses its translator, and where it came from."""
+    """A loaded model (one checkpoint, or several: an ensemble), the worker that alone uses its
+    translator, and where it came from."""
 
     name: str
-    checkpoint: str
+    checkpoints: list[str]
     translator: Translator
     batcher: Batcher
 
     def info(self) -> dict:
         """What GET /models tells a client about this model: enough to pick one and to know its limits;
-        the checkpoint by its file name only (an absolute path tells an attacker about the machine)."""
+        the checkpoints by their file names only (an absolute path tells an attacker about the
+        machine). ``checkpoint`` is the one file name of a single model, null for an ensemble, whose
+        ``checkpoints`` are its members in order (the encoder, decoder and sizes are the first's)."""
         t = self.translator
         model = t.cfg.model
+        files = [os.path.basename(os.fspath(path)) for path in self.checkpoints]
         return {
             "name": self.name,
-            "checkpoint": os.path.basename(self.checkpoint),
+            "checkpoint": files[0] if len(files) == 1 else None,
+            "checkpoints": files,
+            "ensemble": len(files) > 1,
             "unit": t.model.unit,
             "encoder": model.encoder.type,
             "decoder": model.decoder.type,

@@ -41,7 +41,7 @@ from onmt_doc.data.line_splitting import split_line
 from onmt_doc.data.vocab import EOS_SENT_ID, PAD_ID, SOS_ID
 from onmt_doc.errors import ConfigError, UserError
 from onmt_doc.models.model import EncoderDecoder
-from onmt_doc.registry import closest
+from onmt_doc.registry import Registry, closest, registry_for
 from onmt_doc.translate.forced_decoding import TokenScores, sentence_log_probs, sentence_token_log_probs
 from onmt_doc.translate.search import build_search
 
@@ -50,6 +50,11 @@ log = logging.getLogger("onmt_doc")
 # characters that would break the one-line-per-input-line output (tab separates n-best fields)
 _NOT_IN_LINE = str.maketrans({c: " " for c in "\t\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
 EMPTY_FILL = "<unk>"  # written (and counted) if a translation decodes to no text
+# translation engines by name (``Translator.load(..., engine=...)``, ``-engine``): ``torch`` is this
+# module's Translator (onmt_doc's own search over checkpoints), ``ctranslate2`` decodes a CTranslate2
+# export (translate/ctranslate2_engine.py, imported by registry_for("engine"): it builds on this module)
+ENGINES = Registry("engine")
+EXPORT_INFO = "onmt_doc_export.json"  # the file that marks an onmt_doc_release folder
 
 
 @dataclass
@@ -132,6 +137,7 @@ def _as_list(value: object) -> list:
     return [value] if isinstance(value, (str, os.PathLike)) or not isinstance(value, (list, tuple)) else list(value)
 
 
+@ENGINES.register("torch", None)
 class Translator:
     """Translate, n-best and score documents with one model (or an ensemble): streaming over
     files for the commands, in memory for the API and the server."""
@@ -156,6 +162,7 @@ class Translator:
         checkpoint: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]],
         device: Union[str, torch.device] = "auto",
         option_names: Optional[Mapping[str, str]] = None,
+        engine: str = "torch",
         **options: Any,
     ) -> "Translator":
         """A translator for a checkpoint (several: an ensemble, ``translate/ensemble.py``).
@@ -163,10 +170,13 @@ class Translator:
         ``device``: ``auto`` (CUDA when there is one), ``cpu``, ``cuda``, ``cuda:N``; ``options``:
         ``translate`` keys (docs/config.md) overriding the checkpoint's, e.g. ``beam=5``,
         ``n_best=3``, ``dtype="bfloat16"``, ``batch_tokens=2048``. ``option_names``: how errors
-        name the options (the command line passes its flags)."""
+        name the options (the command line passes its flags). ``engine``: ``torch`` (onmt_doc's own
+        search over a checkpoint) or ``ctranslate2``: ``checkpoint`` is then the folder
+        ``onmt_doc_release`` wrote (``translate/ctranslate2_engine.py``)."""
         from onmt_doc.devices import pick_device
-        from onmt_doc.models.checkpoint import load_model
 
+        engine_flag = (option_names or {}).get("engine", "engine")
+        engine_class = registry_for("engine").get(str(engine), engine_flag).cls  # before the (slow) load
         if not checkpoint or not all(isinstance(p, (str, os.PathLike)) for p in _as_list(checkpoint)):
             raise UserError(f"Translator.load: expected a checkpoint path or a list of paths, got {checkpoint!r:.80}")
         known = [f.name for f in fields(TranslateConfig)]
@@ -177,17 +187,29 @@ class Translator:
         dev = (
             pick_device(device, key=(option_names or {}).get("device", "device")) if isinstance(device, str) else device
         )
+        return engine_class.load_paths([os.fspath(p) for p in paths], dev, option_names or {}, **options)
+
+    @classmethod
+    def load_paths(
+        cls, paths: list[str], device: torch.device, option_names: Mapping[str, str], **options: Any
+    ) -> "Translator":
+        """:meth:`load` of checked arguments, for this engine: a checkpoint, or an ensemble of them."""
+        from onmt_doc.models.checkpoint import load_model
+
+        if len(paths) == 1 and os.path.isdir(paths[0]) and os.path.isfile(os.path.join(paths[0], EXPORT_INFO)):
+            flag = option_names.get("engine", "engine")
+            raise UserError(f"{paths[0]}: a CTranslate2 export; translate it with {flag} ctranslate2")
         if len(paths) == 1:
-            model, cfg, codec = load_model(os.fspath(paths[0]), dev)
+            model, cfg, codec = load_model(paths[0], device)
         else:
             from onmt_doc.translate.ensemble import load_models
 
-            model, cfg, codec = load_models([os.fspath(p) for p in paths], dev)
+            model, cfg, codec = load_models(paths, device)
         opts = translator_options(cfg.translate, option_names, **options)
         if len(paths) > 1:
             model.average = opts.ensemble_average
         model.to(getattr(torch, opts.dtype))
-        return cls(model, codec, cfg, opts, dev)
+        return cls(model, codec, cfg, opts, device)
 
     # ------------------------------------------------------------------ the API
     def translate(self, documents: Documents) -> list[list[str]]:
