@@ -94,6 +94,11 @@ def test_greedy_outputs_equal_onmt_doc(concat, docs, prefix):
         assert window != expected
 
 
+# the command path is the same for both units: run once
+K_TO_K_ONLY = pytest.mark.parametrize("concat", [("k_to_k", 2)], ids=["k_to_k"], indirect=True)
+
+
+@K_TO_K_ONLY
 def test_the_command_writes_the_same_file(concat, toy_dir, tmp_path):
     """``onmt_doc_translate -engine ctranslate2``: the file onmt_doc's greedy search writes, document
     breaks (blank lines) included; the export's files are inputs no -output may overwrite."""
@@ -127,6 +132,7 @@ def test_a_sentence_model_goes_the_same_way(trained_run, docs, tmp_path):
     assert Translator.load(out, device="cpu", engine="ctranslate2", beam=1).translate(docs) == expected
 
 
+@K_TO_K_ONLY
 def test_mistakes_are_one_line(concat, docs, tmp_path, monkeypatch):
     _, _, ckpt, out = concat
     with pytest.raises(UserError, match="not a folder; -engine ctranslate2 reads a CTranslate2 export"):
