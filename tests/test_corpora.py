@@ -261,9 +261,9 @@ def test_each_corpus_has_its_own_cache_entry_keyed_by_its_documents_flag(toy_dir
     assert n_docs == n_sents == len(lines) - lines.count("")  # sentence unit: one example per pair
     assert max(e.doc for e in first.train_examples[:n_docs]) + 1 == documents  # blank lines split documents
     assert [e.doc for e in first.train_examples[n_docs:]] == list(range(n_sents))  # every line its own
-    entries = sorted((tmp_path / "run" / "cache").glob("*.npz"))
+    entries = sorted((tmp_path / "run" / "cache").glob("*/meta.json"))  # one mapped folder each
     assert len(entries) == 3  # as_docs, as_sents, the validation set
     again = Trainer(config_from_dict(cfg), DistContext())
-    assert sorted((tmp_path / "run" / "cache").glob("*.npz")) == entries
+    assert sorted((tmp_path / "run" / "cache").glob("*/meta.json")) == entries
     assert again.mix.sizes == first.mix.sizes
     assert [e.src.tolist() for e in again.train_examples] == [e.src.tolist() for e in first.train_examples]

@@ -125,6 +125,12 @@ class DataConfig:
         minimum=0,
     )
     cache_dir: Optional[str] = option(None, "binarized data cache; `null` = `<log.dir>/cache`")
+    workers: int = option(
+        0,
+        "processes that tokenize while a corpus is binarized (0 = min(4, CPU cores)); the cache is the same "
+        "bytes whatever the number; see [data.md](data.md#binarization-streamed-on-every-core)",
+        minimum=0,
+    )
     sentence_markup: bool = option(
         True,
         "wrap each sentence in onmt_doc's markup (source `<s> … </s>`, target `<bos> <s> … </s> <eos>`); "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
 
 import numpy as np
@@ -10,6 +9,8 @@ import torch
 
 from onmt_doc.contracts import Batch
 from onmt_doc.data.instances import Example
+from onmt_doc.data.lengths import Lengths
+from onmt_doc.data.mapped import IndexedExamples
 from onmt_doc.data.vocab import BOS_ID, EOS_ID, PAD_ID, SOS_ID
 
 
@@ -76,37 +77,11 @@ def collate(examples: Sequence[Example], indices: Optional[np.ndarray] = None) -
     return batch
 
 
-@dataclass
-class Lengths:
-    """Per example: padded source and target row length as collation makes them (targets get
-    <bos>/<eos>) and the number of rows (sentences of a context instance, else 1)."""
-
-    src: np.ndarray
-    tgt: np.ndarray
-    rows: np.ndarray
-    # context instances (HM-GDC): the sums over their rows of the real source length and of
-    # max(source, target) length; such models compute rows in length buckets (modules/row_buckets.py),
-    # so the budget counts these sums rather than rows x the longest
-    real_src: Optional[np.ndarray] = None
-    real: Optional[np.ndarray] = None
-
-    def sort_order(self, noise: Optional[np.ndarray] = None, by_source_only: bool = False) -> np.ndarray:
-        """Bucketing order: by rows (context windows of one size together, so that per-document
-        attention pads little), then target and source length (for context windows their summed
-        real lengths: windows of similar size in tokens share a batch)."""
-        src, tgt = (self.src, self.tgt) if self.real is None else (self.real_src, self.real)
-        keys = [src] + ([] if by_source_only else [tgt]) + [self.rows]
-        return np.lexsort(([noise] if noise is not None else []) + keys)
-
-    def take(self, index: np.ndarray) -> "Lengths":
-        """The lengths of the examples at ``index`` (repeats allowed), in that order."""
-        if self.real is None:
-            return Lengths(self.src[index], self.tgt[index], self.rows[index])
-        return Lengths(self.src[index], self.tgt[index], self.rows[index], self.real_src[index], self.real[index])
-
-
 def example_lengths(examples: Sequence[Example]) -> Lengths:
-    """Per example, the padded lengths its batch row needs (what the token budget counts)."""
+    """Per example, the padded lengths its batch row needs (what the token budget counts); for
+    mapped instances computed from the corpus offsets, without making an example."""
+    if isinstance(examples, IndexedExamples):
+        return examples.lengths()
 
     def longest(e: Example, side: int) -> int:
         if e.sent_lens is not None:

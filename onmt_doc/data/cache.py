@@ -1,7 +1,9 @@
 """Binarized corpora: tokenize a parallel corpus once, reuse the ids on every later run.
 
 The cache key covers the bytes of both files, the subword models, the vocabularies and the
-document flag, so a changed file or tokenizer can never be served stale ids.
+document flag, so a changed file or tokenizer can never be served stale ids. The cache is a
+folder of memory-mapped flat arrays (``onmt_doc/data/mapped.py``) named by the key, written by a
+streaming pass that tokenizes chunks of lines on ``data.workers`` processes (:func:`binarize`).
 """
 
 from __future__ import annotations
@@ -9,14 +11,21 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import multiprocessing
 import os
-from typing import Optional
+import re
+import shutil
+from collections import deque
+from itertools import chain
+from typing import Iterator, Optional
 
 import numpy as np
 
 from onmt_doc.data.codec import Codec
-from onmt_doc.data.corpus import read_parallel
-from onmt_doc.outputs import output_file
+from onmt_doc.data.corpus import iter_aligned, read_parallel
+from onmt_doc.data.mapped import MappedCorpus, MappedWriter, flatten, open_mapped
+from onmt_doc.data.progress import Progress
+from onmt_doc.outputs import output_folder
 
 log = logging.getLogger("onmt_doc")
 
@@ -47,48 +56,189 @@ def cache_key(src: str, tgt: str, codec: Codec, documents: bool) -> str:
     return h.hexdigest()[:24]
 
 
-def _flatten(seqs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
-    np.cumsum([len(s) for s in seqs], out=offsets[1:])
-    flat = np.concatenate(seqs).astype(np.int32) if seqs else np.zeros(0, np.int32)
-    return flat, offsets
+CHUNK_LINES = 10_000  # line pairs tokenized per task: memory holds a few chunks, not the corpus
 
 
-def _split(flat: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
-    return [flat[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]
+def default_workers() -> int:
+    """``data.workers: 0``: min(4, CPU cores): binarization is a one-off pass and training may share
+    the machine; more cores help little once reading the files is the bottleneck."""
+    return min(4, os.cpu_count() or 1)
 
 
-def _read_cache(path: str) -> Optional[tuple[list, list, np.ndarray]]:
-    """A binarized corpus, or None when the file is damaged (it is then binarized again)."""
+def count_lines(path: str) -> int:
+    """Line ends in a file, counted on raw bytes (for the progress line's ETA)."""
+    n = 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            n += chunk.count(b"\n")
+    return n
+
+
+Chunk = tuple[list[str], list[str], list[int]]  # source lines, target lines, sizes of documents ended
+Encoded = tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+def _chunks(
+    src: str, tgt: str, documents: bool, max_chars: int, chunk_lines: int, progress: Progress
+) -> Iterator[Chunk]:
+    """The corpus' sentence pairs in chunks of ``chunk_lines``, each with the sizes of the documents
+    that end in it, streamed (:func:`iter_aligned` checks alignment and names file and line)."""
+    src_lines: list[str] = []
+    tgt_lines: list[str] = []
+    sizes: list[int] = []
+    current = 0  # sentences of the document being read
+    for s, t in iter_aligned(src, tgt, max_chars):
+        progress.advance(1)
+        if not s:
+            if current:
+                sizes.append(current)
+                current = 0
+            continue
+        src_lines.append(s)
+        tgt_lines.append(t)
+        if documents:
+            current += 1
+        else:
+            sizes.append(1)
+        if len(src_lines) >= chunk_lines:
+            yield src_lines, tgt_lines, sizes
+            src_lines, tgt_lines, sizes = [], [], []
+    if current:
+        sizes.append(current)
+    if src_lines or sizes:
+        yield src_lines, tgt_lines, sizes
+
+
+_WORKER_CODEC: Optional[Codec] = None
+
+
+def _init_worker(codec: dict) -> None:
+    global _WORKER_CODEC
+    _WORKER_CODEC = Codec.from_dict(codec)
+
+
+def _encode(codec: Codec, src_lines: list[str], tgt_lines: list[str]) -> Encoded:
+    return flatten(codec.encode(src_lines, "src")), flatten(codec.encode(tgt_lines, "tgt"))
+
+
+def _encode_in_worker(src_lines: list[str], tgt_lines: list[str]) -> Encoded:
+    assert _WORKER_CODEC is not None
+    return _encode(_WORKER_CODEC, src_lines, tgt_lines)
+
+
+def _encoded(codec: Codec, chunks: Iterator[Chunk], workers: int) -> Iterator[tuple[Encoded, list[int]]]:
+    """Each chunk tokenized and encoded, in the chunks' order: in this process, or by ``workers``
+    processes with at most two chunks each in flight (so memory stays bounded whatever the
+    corpus). A corpus of one chunk starts no process."""
+    first = next(chunks, None)
+    if first is None:
+        return
+    second = next(chunks, None)
+    if workers <= 1 or second is None:
+        for src_lines, tgt_lines, sizes in (c for c in (first, second) if c is not None):
+            yield _encode(codec, src_lines, tgt_lines), sizes
+        for src_lines, tgt_lines, sizes in chunks:
+            yield _encode(codec, src_lines, tgt_lines), sizes
+        return
+    pending: deque = deque()
+    with multiprocessing.get_context().Pool(workers, _init_worker, (codec.to_dict(),)) as pool:
+        for src_lines, tgt_lines, sizes in chain([first, second], chunks):
+            pending.append((pool.apply_async(_encode_in_worker, (src_lines, tgt_lines)), sizes))
+            if len(pending) >= 2 * workers:
+                result, done_sizes = pending.popleft()
+                yield result.get(), done_sizes
+        while pending:
+            result, done_sizes = pending.popleft()
+            yield result.get(), done_sizes
+
+
+def binarize(
+    src: str,
+    tgt: str,
+    codec: Codec,
+    documents: bool,
+    max_chars: int,
+    folder: str,
+    workers: int = 1,
+    chunk_lines: int = CHUNK_LINES,
+) -> None:
+    """Write the mapped cache ``folder`` of a parallel corpus, streamed: read in chunks, tokenized
+    and encoded by ``workers`` processes (the same bytes whatever their number), appended to flat
+    arrays. Built in a temporary folder renamed into place when complete, so an interrupted
+    preparation never leaves a half cache."""
+    progress = Progress(f"binarizing {src}", count_lines(src))
+    with output_folder(folder, flag="data.cache_dir", force=True) as staging:
+        writer = MappedWriter(staging)
+        try:
+            chunks = _chunks(src, tgt, documents, max_chars, chunk_lines, progress)
+            for (src_ids, tgt_ids), sizes in _encoded(codec, chunks, workers):
+                writer.add_sentences(src_ids, tgt_ids)
+                writer.add_documents(sizes)
+        except BaseException:
+            writer.abort()
+            raise
+        writer.close()
+    progress.done()
+
+
+def remove_stale_staging(folder: str) -> None:
+    """Remove the staging folders (``.<key>.tmp<pid>``, ``outputs.output_folder``) that binarizations
+    of ``folder`` killed before they finished left behind: those whose process is gone."""
+    parent, name = os.path.split(folder)
+    pattern = re.compile(rf"^\.{re.escape(name)}\.tmp(\d+)$")
+    for entry in os.scandir(parent) if os.path.isdir(parent) else ():
+        m = pattern.match(entry.name)
+        if m and entry.is_dir(follow_symlinks=False) and not _alive(int(m.group(1))):
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
     try:
-        with np.load(path, allow_pickle=False) as z:
-            return _split(z["src"], z["src_offsets"]), _split(z["tgt"], z["tgt_offsets"]), z["doc_offsets"]
-    except Exception as e:  # a cut or damaged .npz fails anywhere in zipfile/numpy
-        log.warning("%s: unreadable binarized cache (%s); binarizing the corpus again", path, type(e).__name__)
-        return None
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def load_mapped(
+    src: str,
+    tgt: str,
+    codec: Codec,
+    documents: bool,
+    max_chars: int,
+    cache_dir: str,
+    workers: int = 1,
+) -> tuple[MappedCorpus, bool]:
+    """The memory-mapped binarized corpus (``<cache_dir>/<cache_key>/``), binarized first when
+    missing or damaged; True as second value when it was already there."""
+    folder = os.path.join(cache_dir, cache_key(src, tgt, codec, documents))
+    corpus = open_mapped(folder) if os.path.isdir(folder) else None
+    if corpus is not None:
+        return corpus, True
+    if os.path.isdir(folder):
+        log.warning("%s: incomplete binarized cache; binarizing the corpus again", folder)
+    remove_stale_staging(folder)
+    binarize(src, tgt, codec, documents, max_chars, folder, workers or default_workers())
+    corpus = open_mapped(folder)
+    if corpus is None:  # pragma: no cover - written just now
+        raise RuntimeError(f"{folder}: binarized cache unreadable right after writing it")
+    return corpus, False
 
 
 def load_tokenized(
-    src: str, tgt: str, codec: Codec, documents: bool, max_chars: int, cache_dir: Optional[str]
+    src: str, tgt: str, codec: Codec, documents: bool, max_chars: int, cache_dir: Optional[str], workers: int = 1
 ) -> tuple[TokenizedDocs, bool]:
-    """Documents of (src_ids, tgt_ids) sentence pairs; True as second value when read from cache."""
-    path = None
+    """Documents of (src_ids, tgt_ids) sentence pairs; True as second value when read from cache.
+    A Python object per sentence: for small corpora (tests, tools); training maps the cache
+    (:func:`load_mapped`)."""
     if cache_dir:
-        path = os.path.join(cache_dir, cache_key(src, tgt, codec, documents) + ".npz")
-        cached = _read_cache(path) if os.path.exists(path) else None
-        if cached is not None:
-            src_ids, tgt_ids, doc_offsets = cached
-            docs = [list(zip(src_ids[a:b], tgt_ids[a:b])) for a, b in zip(doc_offsets[:-1], doc_offsets[1:])]
-            return docs, True
+        corpus, cached = load_mapped(src, tgt, codec, documents, max_chars, cache_dir, workers)
+        return corpus.documents(), cached
     text_docs = read_parallel(src, tgt, documents, max_chars)
     src_ids = codec.encode([s for doc in text_docs for s, _ in doc], "src")
     tgt_ids = codec.encode([t for doc in text_docs for _, t in doc], "tgt")
     doc_offsets = np.zeros(len(text_docs) + 1, dtype=np.int64)
     np.cumsum([len(d) for d in text_docs], out=doc_offsets[1:])
-    docs = [list(zip(src_ids[a:b], tgt_ids[a:b])) for a, b in zip(doc_offsets[:-1], doc_offsets[1:])]
-    if path:
-        s_flat, s_off = _flatten(src_ids)
-        t_flat, t_off = _flatten(tgt_ids)
-        with output_file(path, flag="", binary=True, make_folder=True) as f:
-            np.savez(f, src=s_flat, src_offsets=s_off, tgt=t_flat, tgt_offsets=t_off, doc_offsets=doc_offsets)
-    return docs, False
+    return [list(zip(src_ids[a:b], tgt_ids[a:b])) for a, b in zip(doc_offsets[:-1], doc_offsets[1:])], False

@@ -113,19 +113,12 @@ def iter_lines(path: str, max_chars: int = 0, stream: Optional[IO[bytes]] = None
 Pair = tuple[str, Optional[str]]
 
 
-def iter_parallel(
-    src: str,
-    tgt: Optional[str],
-    documents: bool = True,
-    max_chars: int = 0,
-) -> Iterator[Optional[list[Pair]]]:
-    """Stream aligned documents of (source, target) pairs, ``None`` for each blank line.
-
-    ``tgt=None`` gives source-only pairs. A blank line on one side only, or a different number of
-    lines, is an error naming the file and the first line where the two files diverge.
-    """
+def iter_aligned(src: str, tgt: Optional[str], max_chars: int = 0) -> Iterator[Pair]:
+    """Stream the checked line pairs of two line-aligned files (``tgt=None``: source lines with
+    ``None``); a blank line is ``("", "")``. A blank line on one side only, or a different number of
+    lines, is an error naming the file and the first line where the two files diverge. Holds one
+    line pair at a time: binarization reads corpora of any size through it."""
     tgt_lines = iter_lines(tgt, max_chars) if tgt else None
-    doc: list[Pair] = []
     number = 0
     for number, (s, t) in enumerate(zip_longest(iter_lines(src, max_chars), tgt_lines or ()), 1):
         if tgt_lines is not None:
@@ -141,6 +134,24 @@ def iter_parallel(
                     f"{blank}:{number}: blank line (document break) where {full}:{number} "
                     f"has a sentence; the files are misaligned from here"
                 )
+        yield s, t
+    if number == 0:
+        raise DataError(f"{src}: file is empty")
+
+
+def iter_parallel(
+    src: str,
+    tgt: Optional[str],
+    documents: bool = True,
+    max_chars: int = 0,
+) -> Iterator[Optional[list[Pair]]]:
+    """Stream aligned documents of (source, target) pairs, ``None`` for each blank line
+    (:func:`iter_aligned` checks the alignment).
+
+    ``tgt=None`` gives source-only pairs.
+    """
+    doc: list[Pair] = []
+    for s, t in iter_aligned(src, tgt, max_chars):
         if not s:
             if doc:
                 yield doc
@@ -152,8 +163,6 @@ def iter_parallel(
             yield [(s, t)]
     if doc:
         yield doc
-    if number == 0:
-        raise DataError(f"{src}: file is empty")
 
 
 def read_parallel(src: str, tgt: str, documents: bool = True, max_chars: int = 0) -> list[list[tuple[str, str]]]:

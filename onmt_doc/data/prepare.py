@@ -20,11 +20,13 @@ from itertools import islice
 from typing import Iterable, Iterator, Optional, Sequence
 
 from onmt_doc.config.data import CorpusConfig, DataConfig, VocabConfig
-from onmt_doc.data.cache import load_tokenized
+from onmt_doc.data.cache import load_mapped
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import iter_lines, iter_parallel
 from onmt_doc.data.example_fields import FieldProvider, attach_fields
-from onmt_doc.data.instances import Example, build_instances
+from onmt_doc.data.instances import Example, Unit, UnitOptions, unit_class
+from onmt_doc.data.mapped import MAPPED_UNITS, MappedCorpus, MappedExamples
+from onmt_doc.data.progress import Progress
 from onmt_doc.data.tokenizer import Subword
 from onmt_doc.data.vocab import Vocab
 from onmt_doc.errors import ConfigError, UserError
@@ -84,7 +86,6 @@ def require_train_paths(data: DataConfig) -> tuple[str, str]:
 
 SAMPLE_SEED = 1  # the subword sample is a function of the files alone, not of train.seed
 COUNT_CHUNK = 10_000  # lines tokenized at a time while counting the vocabulary
-PROGRESS_SECONDS = 10.0
 
 
 def _nonblank(paths: Sequence[str], max_chars: int) -> Iterator[str]:
@@ -111,7 +112,7 @@ def sample_lines(lines: Iterable[str], limit: int, seed: int = SAMPLE_SEED) -> l
 
 def count_tokens(subword: Subword, lines: Iterable[str], what: str, total: int = 0) -> Counter:
     """Token counts of ``lines`` under ``subword``, tokenized in chunks of COUNT_CHUNK lines so that
-    memory holds one chunk and the counts, not the corpus; a progress line every PROGRESS_SECONDS."""
+    memory holds one chunk and the counts, not the corpus; a progress line every ``progress.PROGRESS_SECONDS``."""
     counts: Counter = Counter()
     progress = Progress(what, total)
     it = iter(lines)
@@ -121,30 +122,6 @@ def count_tokens(subword: Subword, lines: Iterable[str], what: str, total: int =
         progress.advance(len(chunk))
     progress.done()
     return counts
-
-
-class Progress:
-    """``what: N lines (R lines/s, ETA …)`` on the log every PROGRESS_SECONDS of a long pass."""
-
-    def __init__(self, what: str, total: int = 0) -> None:
-        self.what, self.total, self.n = what, total, 0
-        self.start = self.last = time.time()
-
-    def advance(self, n: int) -> None:
-        """Count ``n`` more lines; log if it is time."""
-        self.n += n
-        now = time.time()
-        if now - self.last >= PROGRESS_SECONDS:
-            self.last = now
-            rate = self.n / max(now - self.start, 1e-9)
-            eta = f", ETA {(self.total - self.n) / rate:.0f} s" if self.total > self.n else ""
-            of = f" of {self.total:,}" if self.total else ""
-            log.info("%s: %s%s lines (%s lines/s%s)", self.what, f"{self.n:,}", of, f"{rate:,.0f}", eta)
-
-    def done(self) -> None:
-        """A last line for a pass that logged along the way."""
-        if self.last > self.start:
-            log.info("%s: %s lines in %.0f s", self.what, f"{self.n:,}", time.time() - self.start)
 
 
 def _aligned_lines(corpora: Sequence[CorpusConfig], max_chars: int) -> int:
@@ -286,6 +263,16 @@ def data_cache_dir(data: DataConfig, run_dir: str) -> str:
     return data.cache_dir or os.path.join(run_dir, "cache")
 
 
+def binarize_corpora(data: DataConfig, codec: Codec, run_dir: str) -> None:
+    """Binarize every training and validation corpus missing from the cache (what one process does
+    before the others of a distributed run map the caches it wrote)."""
+    cache_dir = data_cache_dir(data, run_dir)
+    for split in ("train", "valid"):
+        for c in data.corpora(split):
+            if c.src and c.tgt:
+                load_mapped(c.src, c.tgt, codec, bool(c.documents), data.max_line_chars, cache_dir, data.workers)
+
+
 def load_examples(
     data: DataConfig,
     codec: Codec,
@@ -296,31 +283,42 @@ def load_examples(
     filter_long: bool = True,
     fields: Sequence[FieldProvider] = (),
     documents: Optional[bool] = None,
-) -> tuple[list[Example], list]:
+) -> tuple[Sequence[Example], MappedCorpus]:
     """Instances of a parallel corpus for ``unit`` with the per-example ``fields`` (the ones losses
-    ask for) attached, and its tokenized documents. ``documents``: the corpus' own flag
-    (None = ``data.documents``); ``false`` makes each line a one-sentence document."""
+    ask for) attached, and its memory-mapped binarized corpus. ``documents``: the corpus' own flag
+    (None = ``data.documents``); ``false`` makes each line a one-sentence document.
+
+    The built-in units' instances are index arrays over the mapped corpus (:class:`MappedExamples`:
+    the same examples, made when a batch is collated); a plugin unit, or a loss asking for fields
+    (they fill each ``Example.extra``), gets a list of examples in memory."""
     documents = data.documents if documents is None else documents
-    docs, cached = load_tokenized(src, tgt, codec, documents, data.max_line_chars, data_cache_dir(data, run_dir))
-    examples, dropped = build_instances(
-        unit,
-        docs,
+    cache_dir = data_cache_dir(data, run_dir)
+    corpus, cached = load_mapped(src, tgt, codec, documents, data.max_line_chars, cache_dir, data.workers)
+    options = UnitOptions(
         data.max_tokens,
         data.max_len if filter_long else 0,
         data.max_sentences,
         context_sentences=data.context_sentences,
         sentence_markup=data.sentence_markup,
     )
-    n_sents = sum(len(d) for d in docs)
+    examples: Sequence[Example]
+    cls = unit_class(unit, "unit")
+    if unit in MAPPED_UNITS and cls.__module__ == Unit.__module__:
+        examples = MappedExamples(corpus, unit, options)
+        dropped = examples.dropped
+    else:
+        examples, dropped = cls(options).instances(corpus.documents())
     log.info(
         "%s: %d documents, %d sentence pairs -> %d %s instances%s%s",
         src,
-        len(docs),
-        n_sents,
+        corpus.n_docs,
+        corpus.n_sents,
         len(examples),
         unit,
         " (binarized cache)" if cached else "",
         f"; {dropped} pairs dropped by data.max_len={data.max_len}" if dropped else "",
     )
-    attach_fields(examples, docs, fields)
-    return examples, docs
+    if fields:
+        examples = list(examples)
+        attach_fields(examples, corpus.documents(), fields)
+    return examples, corpus

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -29,7 +29,15 @@ from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import read_parallel
 from onmt_doc.data.example_fields import FieldContext, FieldProvider
 from onmt_doc.data.instances import Example
-from onmt_doc.data.prepare import build_codec, data_cache_dir, load_codec, load_examples, train_corpora
+from onmt_doc.data.mapped import ConcatExamples, IndexedExamples
+from onmt_doc.data.prepare import (
+    binarize_corpora,
+    build_codec,
+    data_cache_dir,
+    load_codec,
+    load_examples,
+    train_corpora,
+)
 from onmt_doc.errors import UserError
 from onmt_doc.evaluation.corpus_metrics import report
 from onmt_doc.losses import Loss, build_losses, loss_fields
@@ -54,7 +62,7 @@ class ValidSet:
     """One validation set: its name (for logs and ``train.best_on``), instances and text documents."""
 
     name: str
-    examples: list[Example]
+    examples: Sequence[Example]
     docs: list
     documents: bool
 
@@ -75,7 +83,7 @@ class RunParts:
     schedule: Schedule
     amp_dtype: Optional[torch.dtype]
     scaler: Optional[torch.amp.GradScaler]
-    train_examples: list[Example]
+    train_examples: Sequence[Example]  # index arrays over the mapped corpora for the built-in units
     mix: CorpusMix
     sampler: BatchSampler
     fingerprint: dict  # what the sampler's position means (run_folder.data_fingerprint)
@@ -132,6 +140,7 @@ def build_run(cfg: Config, ctx: DistContext) -> RunParts:
     schedule = build_schedule(cfg.optim.schedule, cfg.model.d_model, cfg.train.max_steps)
     dtype = amp_dtype(cfg.train.amp, ctx.device)
     scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 else None
+    prepare_caches(cfg.data, codec, run_dir, ctx)
     examples, mix = load_training_data(cfg.data, codec, model.unit, run_dir, train_fields)
     valid_sets = load_valid_sets(cfg.data, codec, model.unit, run_dir, valid_fields)
     sampler = BatchSampler(examples, cfg.train.batch_tokens, cfg.train.seed, rank=ctx.rank, world=ctx.world, mix=mix)
@@ -152,20 +161,39 @@ def build_run(cfg: Config, ctx: DistContext) -> RunParts:
     )
 
 
+def prepare_caches(data: DataConfig, codec: Codec, run_dir: str, ctx: DistContext) -> None:
+    """With several processes, rank 0 binarizes the corpora the cache lacks while the others wait,
+    then all map the same files (one binarization, one copy in the page cache)."""
+    if not ctx.enabled:
+        return
+    error: Optional[UserError] = None
+    if ctx.main:
+        try:
+            binarize_corpora(data, codec, run_dir)
+        except UserError as e:
+            error = e
+    if not distributed.broadcast_flag(error is None, ctx):
+        raise error or UserError("rank 0 could not binarize the training data (see its error)")
+
+
 def load_training_data(
     data: DataConfig, codec: Codec, unit: str, run_dir: str, fields: list[FieldProvider]
-) -> tuple[list[Example], CorpusMix]:
-    """Every training corpus' instances for ``unit`` in one list (corpus after corpus), and the
-    CorpusMix that describes that list for the sampler."""
-    examples: list[Example] = []
+) -> tuple[Sequence[Example], CorpusMix]:
+    """Every training corpus' instances for ``unit`` in one sequence (corpus after corpus), and the
+    CorpusMix that describes it for the sampler."""
+    parts: list[Sequence[Example]] = []
     sizes = []
     corpora = train_corpora(data)
     for c in corpora:
         loaded, _ = load_examples(data, codec, c.src, c.tgt, unit, run_dir, fields=fields, documents=c.documents)
         if not loaded:
             raise UserError(f"{c.src}: no training examples (all filtered by data.max_len?)")
-        examples += loaded
+        parts.append(loaded)
         sizes.append(len(loaded))
+    examples: Sequence[Example] = parts[0]
+    if len(parts) > 1:  # lists when losses ask for fields (load_examples)
+        indexed = all(isinstance(p, IndexedExamples) for p in parts)
+        examples = ConcatExamples(parts) if indexed else [e for p in parts for e in p]
     mix = CorpusMix([c.name for c in corpora], sizes, [c.weight for c in corpora])
     if len(corpora) > 1:
         log.info(

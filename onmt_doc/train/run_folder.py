@@ -34,6 +34,7 @@ import numpy as np
 from onmt_doc.config import Config, save_config
 from onmt_doc.data.batching import CorpusMix
 from onmt_doc.data.instances import Example
+from onmt_doc.data.mapped import IndexedExamples
 from onmt_doc.errors import UserError
 from onmt_doc.outputs import same_file
 from onmt_doc.train import distributed
@@ -177,7 +178,10 @@ CONTEXT_BUDGET = "sum of real row lengths"
 
 
 def examples_digest(examples: Sequence[Example]) -> str:
-    """sha256 of the token ids and boundaries of every training example, in order."""
+    """sha256 of the token ids and boundaries of every training example, in order (mapped
+    instances compute the same digest chunk by chunk: ``IndexedExamples.digest``)."""
+    if isinstance(examples, IndexedExamples):
+        return examples.digest()
     h = hashlib.sha256()
     shape = [(len(e.src), -1 if e.tgt is None else len(e.tgt), e.rows) for e in examples]
     h.update(np.asarray(shape, dtype=np.int64).tobytes())
@@ -225,7 +229,7 @@ def data_fingerprint(examples: Sequence[Example], cfg: Config, world: int, mix: 
     }
     if mix is not None and len(mix.sizes) > 1:
         out["corpora"] = [[n, size, w] for n, size, w in zip(mix.names, mix.sizes, mix.weights)]
-    if any(e.sent_lens is not None for e in examples):
+    if examples.has_rows if isinstance(examples, IndexedExamples) else any(e.sent_lens is not None for e in examples):
         out["batch_budget"] = CONTEXT_BUDGET
     return out
 

@@ -1,0 +1,485 @@
+"""Memory-mapped binarized corpora and the instances of a unit as index arrays over them.
+
+A binarized corpus is a folder of flat arrays (fairseq's "mmap indexed dataset" idea: one token
+array plus offsets; Ott et al., 2019, ``fairseq/data/indexed_dataset.py``):
+
+* ``src.ids`` / ``tgt.ids``: every sentence's subword ids, one after the other (int32, no markup);
+* ``src.offsets`` / ``tgt.offsets``: int64, sentence i is ``ids[offsets[i]:offsets[i + 1]]``;
+* ``doc.offsets``: int64, document d holds sentences ``doc_offsets[d]:doc_offsets[d + 1]``;
+* ``meta.json``: the format name and the array lengths, written last (a folder without it, or
+  whose files disagree with it, is not a cache).
+
+Files are raw little-endian arrays. A training process reads the offsets into memory (the index,
+16 bytes per sentence pair) and holds besides only what it computes from them (instance boundaries
+and lengths, a few int64 per instance); the ids stay on disk and in the page cache, shared by every
+process of a machine: a batch's sentences are read with ``pread`` when it is collated, and the one
+pass over every id (the fingerprint digest) reads a read-only ``mmap`` and hands the pages back as
+it goes (:meth:`MappedCorpus.drop_pages`), so neither leaves the corpus in the resident set.
+
+:class:`MappedExamples` is the list of a unit's instances (the same :class:`Example` objects,
+ids and order as ``Unit.instances`` gives on the same documents) built from the offsets as index
+arrays: an instance is sentences ``[a, b)`` of the corpus (its source), its target the same range
+or, for ``k_to_1``, the last sentence alone. An :class:`Example` is made only when asked for
+(:meth:`MappedExamples.__getitem__`), i.e. when its batch is collated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+from dataclasses import dataclass, field
+from itertools import chain
+from typing import IO, Iterator, Optional, Sequence, Union
+
+import numpy as np
+
+from onmt_doc.data.instances import Example, UnitOptions
+from onmt_doc.data.lengths import Lengths
+from onmt_doc.data.vocab import EOS_SENT_ID, SOS_ID
+
+FORMAT = "onmt_doc mapped corpus 1"
+ID_DTYPE, OFFSET_DTYPE = np.dtype("<i4"), np.dtype("<i8")
+FILES = {
+    "src": ("src.ids", ID_DTYPE),
+    "tgt": ("tgt.ids", ID_DTYPE),
+    "src_offsets": ("src.offsets", OFFSET_DTYPE),
+    "tgt_offsets": ("tgt.offsets", OFFSET_DTYPE),
+    "doc_offsets": ("doc.offsets", OFFSET_DTYPE),
+}
+# the units whose instances this module builds from offsets (translation's token windows of
+# ``context`` go through ``Unit.instances``)
+MAPPED_UNITS = ("sentence", "document", "context", "k_to_1", "k_to_k")
+
+
+@dataclass
+class MappedCorpus:
+    """A binarized parallel corpus: flat id arrays and offsets. Opened from disk (:func:`open_mapped`),
+    the offsets are read into memory (the index: 16 bytes per sentence pair, 8 per document) and
+    the ids are mapped; the ids of the sentences a batch needs are read with ``pread``
+    (:meth:`sentence`, :meth:`ids`), which leaves no pages in the resident set, where touching
+    the mapping would map the neighbouring pages too (the kernel's fault-around)."""
+
+    src: np.ndarray
+    tgt: np.ndarray
+    src_offsets: np.ndarray
+    tgt_offsets: np.ndarray
+    doc_offsets: np.ndarray
+    maps: list = field(default_factory=list, repr=False)  # the mmap objects behind src and tgt
+    files: dict = field(default_factory=dict, repr=False)  # side -> the ids file, open for pread
+
+    def advise(self, name: str) -> None:
+        """``madvise`` every mapping with ``mmap.MADV_<name>`` (no-op where the OS lacks it)."""
+        advice = getattr(mmap, f"MADV_{name}", None)
+        for m in self.maps if advice is not None else ():
+            m.madvise(advice)
+
+    def drop_pages(self) -> None:
+        """Take the mapped pages out of this process' resident set (``MADV_DONTNEED``: clean file
+        pages, read again from the page cache or the disk when next used)."""
+        self.advise("DONTNEED")
+
+    @property
+    def n_sents(self) -> int:
+        """Sentence pairs."""
+        return len(self.src_offsets) - 1
+
+    @property
+    def n_docs(self) -> int:
+        """Documents (none empty)."""
+        return len(self.doc_offsets) - 1
+
+    def __len__(self) -> int:
+        """Documents: the corpus reads as the list of its documents (:meth:`__iter__`)."""
+        return self.n_docs
+
+    def __iter__(self) -> Iterator[list[tuple[np.ndarray, np.ndarray]]]:
+        """Each document as (src_ids, tgt_ids) pairs of views, made one at a time."""
+        off = self.doc_offsets.tolist()
+        for a, b in zip(off[:-1], off[1:]):
+            yield [(self.sentence(i, "src"), self.sentence(i, "tgt")) for i in range(a, b)]
+
+    def lengths(self, side: str) -> np.ndarray:
+        """Subword ids per sentence of one side (int64, without markup)."""
+        off = self.src_offsets if side == "src" else self.tgt_offsets
+        return np.diff(off)
+
+    def sentence(self, i: int, side: str) -> np.ndarray:
+        """The ids of sentence ``i`` of one side (int32)."""
+        return self.ids(side, i, i + 1)
+
+    def ids(self, side: str, a: int, b: int) -> np.ndarray:
+        """The ids of sentences ``[a, b)`` of one side, one after the other (int32)."""
+        flat, off = (self.src, self.src_offsets) if side == "src" else (self.tgt, self.tgt_offsets)
+        start, end = int(off[a]), int(off[b])
+        f = self.files.get(side)
+        if f is None or end == start or not hasattr(os, "pread"):  # in memory, or no pread (Windows)
+            return flat[start:end]
+        data = os.pread(f.fileno(), (end - start) * ID_DTYPE.itemsize, start * ID_DTYPE.itemsize)
+        return np.frombuffer(data, dtype=ID_DTYPE)
+
+    def documents(self) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+        """Every document as (src_ids, tgt_ids) pairs of views: what ``Unit.instances`` and field
+        providers read (a Python object per sentence: for small corpora and field providers only)."""
+        return list(self)
+
+
+def open_mapped(folder: str) -> Optional[MappedCorpus]:
+    """The corpus in ``folder``, memory-mapped read-only; None when the folder is not a complete
+    cache (no ``meta.json``, another format, a file of the wrong size)."""
+    try:
+        with open(os.path.join(folder, "meta.json"), encoding="utf-8") as f:
+            meta = json.load(f)
+        if meta.get("format") != FORMAT:
+            return None
+        arrays, maps, files = {}, [], {}
+        for key, (name, dtype) in FILES.items():
+            path, n = os.path.join(folder, name), int(meta["lengths"][key])
+            if os.path.getsize(path) != n * dtype.itemsize:
+                return None
+            if key.endswith("offsets"):
+                arrays[key] = np.fromfile(path, dtype=dtype, count=n)
+            elif not n:
+                arrays[key] = np.zeros(0, dtype)
+            else:
+                files[key] = open(path, "rb", buffering=0)
+                maps.append(mmap.mmap(files[key].fileno(), 0, access=mmap.ACCESS_READ))
+                arrays[key] = np.frombuffer(maps[-1], dtype=dtype, count=n)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    corpus = MappedCorpus(**arrays, maps=maps, files=files)
+    if corpus.src_offsets[-1] != len(corpus.src) or corpus.tgt_offsets[-1] != len(corpus.tgt):
+        return None
+    return corpus
+
+
+class MappedWriter:
+    """Appends sentences and documents to the raw files of a cache folder being built, so that
+    binarization holds one chunk at a time; :meth:`close` writes ``meta.json`` last."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.files: dict[str, IO[bytes]] = {k: open(os.path.join(folder, n), "wb") for k, (n, _) in FILES.items()}
+        self.ends = {"src": 0, "tgt": 0, "doc": 0}
+        self.lengths = dict.fromkeys(FILES, 0)
+        for key in ("src_offsets", "tgt_offsets", "doc_offsets"):
+            self._write(key, np.zeros(1, OFFSET_DTYPE))
+
+    def _write(self, key: str, array: np.ndarray) -> None:
+        self.files[key].write(np.ascontiguousarray(array, dtype=FILES[key][1]).tobytes())
+        self.lengths[key] += len(array)
+
+    def add_sentences(self, src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.ndarray]) -> None:
+        """Append aligned sentences of both sides, each side as (flat ids, length per sentence)."""
+        for side, (flat, lens) in (("src", src), ("tgt", tgt)):
+            if not len(lens):
+                continue
+            self._write(side, flat)
+            self._write(f"{side}_offsets", self.ends[side] + np.cumsum(lens, dtype=np.int64))
+            self.ends[side] += int(np.sum(lens))
+
+    def add_documents(self, sizes: Sequence[int]) -> None:
+        """Append documents of ``sizes`` sentences (following the sentences already added)."""
+        if sizes:
+            self._write("doc_offsets", self.ends["doc"] + np.cumsum(np.asarray(sizes, dtype=np.int64)))
+            self.ends["doc"] += int(sum(sizes))
+
+    def close(self) -> None:
+        """Flush the arrays, then write ``meta.json`` (its presence marks a complete folder)."""
+        for f in self.files.values():
+            f.close()
+        meta = {"format": FORMAT, "lengths": self.lengths}
+        with open(os.path.join(self.folder, "meta.json"), "w", encoding="utf-8") as f:
+            json.dump(meta, f, sort_keys=True)
+
+    def abort(self) -> None:
+        """Close the files of a failed build (the folder is then removed by its owner)."""
+        for f in self.files.values():
+            f.close()
+
+
+def flatten(seqs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Id arrays as (flat int32 ids, int64 length of each): what :class:`MappedWriter` appends."""
+    lens = np.fromiter((len(x) for x in seqs), dtype=np.int64, count=len(seqs))
+    flat = np.concatenate(seqs).astype(ID_DTYPE) if lens.sum() else np.zeros(0, ID_DTYPE)
+    return flat, lens
+
+
+def write_mapped(folder: str, docs: Sequence[Sequence[tuple[np.ndarray, np.ndarray]]]) -> None:
+    """A cache folder for tokenized documents held in memory (tests, small corpora)."""
+    w = MappedWriter(folder)
+    w.add_sentences(flatten([s for d in docs for s, _ in d]), flatten([t for d in docs for _, t in d]))
+    w.add_documents([len(d) for d in docs])
+    w.close()
+
+
+# ----------------------------------------------------------------------------- gathering
+
+
+def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """``concat(arange(s, e) for s, e in zip(starts, ends))``, vectorised."""
+    lens = ends - starts
+    total = int(lens.sum())
+    if not total:
+        return np.zeros(0, np.int64)
+    keep = lens > 0
+    starts, lens = starts[keep], lens[keep]
+    steps = np.ones(total, np.int64)
+    first = np.concatenate([[0], np.cumsum(lens)[:-1]])
+    steps[0] = starts[0]
+    steps[first[1:]] = starts[1:] - (starts[:-1] + lens[:-1] - 1)
+    return np.cumsum(steps)
+
+
+def mark_concat(tokens: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Sentences of ``lens`` ids one after the other in ``tokens``, each wrapped as ``<s> … </s>``
+    (int64): the concatenation of their ``mark_sentence`` arrays."""
+    marked = lens + 2
+    out = np.empty(int(marked.sum()), np.int64)
+    out_ends = np.cumsum(marked)
+    out_starts = out_ends - marked
+    inner = np.ones(len(out), bool)
+    inner[out_starts] = False
+    inner[out_ends - 1] = False
+    out[out_starts] = SOS_ID
+    out[out_ends - 1] = EOS_SENT_ID
+    out[inner] = tokens
+    return out
+
+
+def gather(flat: np.ndarray, offsets: np.ndarray, sents: np.ndarray, markup: bool) -> np.ndarray:
+    """The ids of sentences ``sents`` one after the other (int64), each as ``<s> … </s>`` when
+    ``markup``: the concatenation of the sentences' ``mark_sentence`` arrays, in one gather."""
+    starts, ends = offsets[sents], offsets[sents + 1]
+    tokens = flat[_ranges(starts, ends)].astype(np.int64)
+    return mark_concat(tokens, ends - starts) if markup else tokens
+
+
+# ----------------------------------------------------------------------------- instances
+
+
+def _doc_of_sentence(corpus: MappedCorpus) -> np.ndarray:
+    return np.repeat(np.arange(corpus.n_docs, dtype=np.int64), np.diff(corpus.doc_offsets))
+
+
+def _too_long(corpus: MappedCorpus, max_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per sentence: source too long, target too long (all False without ``max_len``)."""
+    if not max_len:
+        z = np.zeros(corpus.n_sents, bool)
+        return z, z
+    return corpus.lengths("src") > max_len, corpus.lengths("tgt") > max_len
+
+
+def _any_in(flags: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    cs = np.concatenate([[0], np.cumsum(flags, dtype=np.int64)])
+    return cs[b] - cs[a] > 0
+
+
+def _token_windows(corpus: MappedCorpus, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """``instances._token_windows`` over every document: (start, end) sentences of runs within
+    ``max_tokens`` per side (markup and <bos>/<eos> counted). A loop over sentences, on ints."""
+    starts, ends = [], []
+    ls_all, lt_all = (corpus.lengths("src") + 2).tolist(), (corpus.lengths("tgt") + 2).tolist()
+    doc_off = corpus.doc_offsets.tolist()
+    for d0, d1 in zip(doc_off[:-1], doc_off[1:]):
+        start, src_len, tgt_len = d0, 1, 1
+        for i in range(d0, d1):
+            ls, lt = ls_all[i], lt_all[i]
+            if i > start and (src_len + ls > max_tokens or tgt_len + lt > max_tokens):
+                starts.append(start)
+                ends.append(i)
+                start, src_len, tgt_len = i, 1, 1
+            src_len += ls
+            tgt_len += lt
+        if d1 > d0:
+            starts.append(start)
+            ends.append(d1)
+    return np.array(starts, np.int64), np.array(ends, np.int64)
+
+
+def instance_bounds(corpus: MappedCorpus, unit: str, o: UnitOptions) -> tuple[np.ndarray, np.ndarray, int]:
+    """Each instance's sentences ``[a, b)`` (global indices, in the order ``Unit.instances``
+    gives them) and the number of pairs ``data.max_len`` drops, for a unit of :data:`MAPPED_UNITS`."""
+    n = corpus.n_sents
+    idx = np.arange(n, dtype=np.int64)
+    long_src, long_tgt = _too_long(corpus, o.max_len)
+    if unit == "sentence":
+        keep = ~(long_src | long_tgt)
+        return idx[keep], idx[keep] + 1, int(n - keep.sum())
+    if unit == "document":
+        a, b = _token_windows(corpus, o.max_tokens)
+        return a, b, 0
+    doc_start = corpus.doc_offsets[:-1][_doc_of_sentence(corpus)]
+    if unit == "context":
+        if o.max_sentences or not o.window_tokens:
+            doc_sizes = np.diff(corpus.doc_offsets)
+            sizes = np.full(n, o.max_sentences, np.int64) if o.max_sentences else np.repeat(doc_sizes, doc_sizes)
+            is_start = (idx - doc_start) % sizes == 0
+            a = idx[is_start]
+            doc_end = np.repeat(corpus.doc_offsets[1:], np.diff(corpus.doc_offsets))[is_start]
+            b = np.minimum(a + sizes[is_start], doc_end)
+        else:
+            a, b = _token_windows(corpus, o.window_tokens)
+        drop = _any_in(long_src | long_tgt, a, b)
+        return a[~drop], b[~drop], int((b - a)[drop].sum())
+    if unit in ("k_to_1", "k_to_k"):
+        a = np.maximum(doc_start, idx - o.context_sentences)
+        b = idx + 1
+        if unit == "k_to_k":
+            drop = _any_in(long_src | long_tgt, a, b)
+        else:  # the context's targets are not used
+            drop = _any_in(long_src, a, b) | long_tgt
+        return a[~drop], b[~drop], int(drop.sum())
+    raise ValueError(f"no mapped instances for unit '{unit}'")
+
+
+class IndexedExamples(Sequence[Example]):
+    """Examples made on demand, whose batching lengths and fingerprint digest are computed without
+    making them (``batching.example_lengths`` and ``run_folder.examples_digest`` ask these)."""
+
+    has_rows: bool  # context windows whose sentences are batch rows (``sent_lens`` set)
+
+    def __iter__(self) -> Iterator[Example]:
+        return (self[i] for i in range(len(self)))
+
+    def lengths(self) -> Lengths:
+        """``batching.example_lengths(list(self))``, from the offsets alone."""
+        raise NotImplementedError
+
+    def digest_chunks(self) -> list[Iterator[bytes]]:
+        """The bytes ``run_folder.examples_digest`` hashes, as its four consecutive sections
+        (shapes, source ids, target ids, context row lengths), each streamed in chunks."""
+        raise NotImplementedError
+
+    def digest(self) -> str:
+        """``run_folder.examples_digest(list(self))`` in memory bounded by a chunk of instances."""
+        h = hashlib.sha256()
+        for section in self.digest_chunks():
+            for data in section:
+                h.update(data)
+        return h.hexdigest()
+
+
+class MappedExamples(IndexedExamples):
+    """A unit's instances of a :class:`MappedCorpus` as two index arrays (8 bytes each per
+    instance); ``examples[i]`` is the :class:`Example` ``Unit.instances`` would give at index i,
+    made from the mapped ids when asked for."""
+
+    def __init__(self, corpus: MappedCorpus, unit: str, options: UnitOptions) -> None:
+        if unit not in MAPPED_UNITS:
+            raise ValueError(f"no mapped instances for unit '{unit}'")
+        self.corpus, self.unit, self.options = corpus, unit, options
+        self.a, self.b, self.dropped = instance_bounds(corpus, unit, options)
+        self.markup = options.sentence_markup or unit != "sentence"
+        self.has_rows = unit == "context" and len(self.a) > 0
+
+    def __len__(self) -> int:
+        return len(self.a)
+
+    def _doc(self, sent: int) -> int:
+        return int(np.searchsorted(self.corpus.doc_offsets, sent, side="right")) - 1
+
+    def __getitem__(self, i: Union[int, slice]) -> Union[Example, list[Example]]:  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        a, b = int(self.a[i]), int(self.b[i])
+        c = self.corpus
+        d = self._doc(a)
+        d0 = int(c.doc_offsets[d])
+        src = self._marked(c.ids("src", a, b), c.src_offsets[a : b + 1])
+        if self.unit == "k_to_1":
+            return Example(src, self._marked(c.ids("tgt", b - 1, b), c.tgt_offsets[b - 1 : b + 1]), d, b - 1 - d0, 1)
+        ex = Example(src, self._marked(c.ids("tgt", a, b), c.tgt_offsets[a : b + 1]), d, a - d0, b - a)
+        if self.unit == "context":
+            ex.sent_lens = np.stack([np.diff(c.src_offsets[a : b + 1]), np.diff(c.tgt_offsets[a : b + 1])], axis=1) + 2
+        return ex
+
+    def _marked(self, ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """Consecutive sentences' ``ids`` (their ``offsets``) as the instance holds them (int64)."""
+        return mark_concat(ids, np.diff(offsets)) if self.markup else ids.astype(np.int64)
+
+    def _tgt_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        return (self.b - 1 if self.unit == "k_to_1" else self.a), self.b
+
+    def _marked_sums(self, side: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        cs = np.concatenate([[0], np.cumsum(self.corpus.lengths(side) + (2 if self.markup else 0))])
+        return cs[b] - cs[a]
+
+    def lengths(self) -> Lengths:
+        """See :meth:`IndexedExamples.lengths`."""
+        ta, tb = self._tgt_bounds()
+        rows = np.ones(len(self), np.int64)
+        if self.unit != "context":
+            src = self._marked_sums("src", self.a, self.b)
+            return Lengths(src, self._marked_sums("tgt", ta, tb) + 1, rows)
+        c = self.corpus
+        ls, lt = c.lengths("src") + 2, c.lengths("tgt") + 2
+        bounds = np.stack([self.a, self.b], axis=1).ravel()  # a0 b0 a1 b1 …; max over [a_i, b_i)
+        src = np.maximum.reduceat(np.append(ls, 0), bounds)[0::2] if len(self) else np.zeros(0, np.int64)
+        tgt = np.maximum.reduceat(np.append(lt, 0), bounds)[0::2] + 1 if len(self) else np.zeros(0, np.int64)
+        rows = self.b - self.a
+        cs_src = np.concatenate([[0], np.cumsum(ls)])
+        cs_real = np.concatenate([[0], np.cumsum(np.maximum(ls, lt + 1))])
+        return Lengths(src, tgt, rows, cs_src[self.b] - cs_src[self.a], cs_real[self.b] - cs_real[self.a])
+
+    def digest_chunks(self, chunk: int = 8192) -> list[Iterator[bytes]]:
+        """See :meth:`IndexedExamples.digest_chunks`."""
+        ta, tb = self._tgt_bounds()
+        n, c = len(self), self.corpus
+        spans = [(i, min(i + chunk, n)) for i in range(0, n, chunk)]
+
+        def shapes() -> Iterator[bytes]:
+            src_len, tgt_len = self._marked_sums("src", self.a, self.b), self._marked_sums("tgt", ta, tb)
+            rows = self.b - self.a if self.unit == "context" else np.ones(n, np.int64)
+            for i, j in spans:
+                yield np.stack([src_len[i:j], tgt_len[i:j], rows[i:j]], axis=1).astype(np.int64).tobytes()
+
+        def ids(flat: np.ndarray, off: np.ndarray, a: np.ndarray, b: np.ndarray) -> Iterator[bytes]:
+            c.advise("SEQUENTIAL")
+            for k, (i, j) in enumerate(spans):
+                yield gather(flat, off, _ranges(a[i:j], b[i:j]), self.markup).tobytes()
+                if k % 16 == 15:
+                    c.drop_pages()
+            c.drop_pages()
+
+        def rows() -> Iterator[bytes]:
+            if not self.has_rows:
+                return
+            ls, lt = c.lengths("src") + 2, c.lengths("tgt") + 2
+            for i, j in spans:
+                sents = _ranges(self.a[i:j], self.b[i:j])
+                yield np.stack([ls[sents], lt[sents]], axis=1).astype(np.int64).tobytes()
+
+        return [shapes(), ids(c.src, c.src_offsets, self.a, self.b), ids(c.tgt, c.tgt_offsets, ta, tb), rows()]
+
+
+class ConcatExamples(IndexedExamples):
+    """Several corpora's :class:`IndexedExamples` one after the other (``data.train`` with several
+    corpora), as the concatenated lists of examples were."""
+
+    def __init__(self, parts: Sequence[IndexedExamples]) -> None:
+        self.parts = list(parts)
+        self.offsets = np.concatenate([[0], np.cumsum([len(p) for p in self.parts])]).astype(np.int64)
+        self.has_rows = any(p.has_rows for p in self.parts)
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def __getitem__(self, i: Union[int, slice]) -> Union[Example, list[Example]]:  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = int(i) + len(self) if int(i) < 0 else int(i)
+        p = int(np.searchsorted(self.offsets, i, side="right")) - 1
+        return self.parts[p][i - int(self.offsets[p])]
+
+    def lengths(self) -> Lengths:
+        """See :meth:`IndexedExamples.lengths`."""
+        each = [p.lengths() for p in self.parts]
+        fields = ["src", "tgt", "rows"] + (["real_src", "real"] if self.has_rows else [])
+        return Lengths(*[np.concatenate([getattr(x, f) for x in each]) for f in fields])
+
+    def digest_chunks(self) -> list[Iterator[bytes]]:
+        """See :meth:`IndexedExamples.digest_chunks`."""
+        sections = [p.digest_chunks() for p in self.parts]
+        return [chain.from_iterable([s[k] for s in sections]) for k in range(4)]

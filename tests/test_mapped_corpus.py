@@ -1,0 +1,256 @@
+"""The memory-mapped binarized corpus (onmt_doc/data/mapped.py, data/cache.py; issue 30).
+
+Every unit's mapped instances are compared with the in-memory pipeline the rest of onmt_doc uses
+(``read_parallel`` + ``Codec.encode`` + ``build_instances``, as translation still runs it): the same
+examples, lengths, fingerprint digest and sampler batches, on the toy corpus and on a few thousand
+synthetic pairs.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_config
+from model_helpers import toy_codec
+
+from onmt_doc.config import config_from_dict
+from onmt_doc.data.batching import BatchSampler, CorpusMix, collate, example_lengths
+from onmt_doc.data.cache import binarize, cache_key, load_mapped, load_tokenized
+from onmt_doc.data.codec import Codec
+from onmt_doc.data.corpus import read_parallel
+from onmt_doc.data.instances import UnitOptions, build_instances
+from onmt_doc.data.mapped import ConcatExamples, MappedExamples, open_mapped
+from onmt_doc.data.tokenizer import Subword
+from onmt_doc.data.vocab import Vocab
+from onmt_doc.errors import DataError
+from onmt_doc.models.checkpoint import load_checkpoint
+from onmt_doc.train.distributed import DistContext
+from onmt_doc.train.run_builder import build_run
+from onmt_doc.train.run_folder import examples_digest
+from onmt_doc.train.trainer import train
+
+# (unit, options): every unit, with the keys that change its instances
+CASES = [
+    ("sentence", {}),
+    ("sentence", {"max_len": 9}),
+    ("sentence", {"sentence_markup": False}),
+    ("document", {"max_tokens": 40}),
+    ("context", {}),
+    ("context", {"max_sentences": 3, "max_len": 11}),
+    ("k_to_1", {"context_sentences": 2, "max_len": 10}),
+    ("k_to_k", {"context_sentences": 1}),
+    ("k_to_k", {"context_sentences": 3, "max_len": 11}),
+]
+IDS = [f"{u}-{'-'.join(f'{k}={v}' for k, v in o.items()) or 'default'}" for u, o in CASES]
+
+
+def synthetic(folder: Path, pairs: int, seed: int = 0, docs: bool = True) -> tuple[str, str]:
+    """``pairs`` line pairs of words w0..w39 (1 to 12 a line), blank lines between documents of
+    1 to 9 sentences."""
+    rng = random.Random(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    src, tgt = [], []
+    left = rng.randint(1, 9)
+    for _ in range(pairs):
+        src.append(" ".join(f"w{rng.randrange(40)}" for _ in range(rng.randint(1, 12))))
+        tgt.append(" ".join(f"w{rng.randrange(40)}" for _ in range(rng.randint(1, 12))))
+        left -= 1
+        if docs and not left:
+            src.append("")
+            tgt.append("")
+            left = rng.randint(1, 9)
+    (folder / "c.src").write_text("\n".join(src) + "\n", encoding="utf-8")
+    (folder / "c.tgt").write_text("\n".join(tgt) + "\n", encoding="utf-8")
+    return str(folder / "c.src"), str(folder / "c.tgt")
+
+
+@pytest.fixture(scope="module")
+def toy_codec_bpe(toy_dir) -> Codec:
+    """A small BPE codec learned on the toy corpus' first lines."""
+    lines = [
+        x for ext in ("src", "tgt") for x in (toy_dir / f"train.{ext}").read_text("utf-8").splitlines()[:1500] if x
+    ]
+    sw = Subword.learn("bpe", "aggressive", 200, lines)
+    counts = Counter(t for toks in sw.tokenize_batch(lines) for t in toks)
+    vocab = Vocab.build(counts, 1, 0)
+    return Codec(sw, sw, vocab, vocab)
+
+
+@pytest.fixture(scope="module")
+def corpora(toy_dir, toy_codec_bpe, tmp_path_factory) -> list[tuple[str, str, Codec]]:
+    """(src, tgt, codec): the toy corpus (BPE) and 3000 synthetic pairs (word vocabulary)."""
+    folder = tmp_path_factory.mktemp("synthetic")
+    src, tgt = synthetic(folder, 3000)
+    return [(str(toy_dir / "train.src"), str(toy_dir / "train.tgt"), toy_codec_bpe), (src, tgt, toy_codec())]
+
+
+def reference(src: str, tgt: str, codec: Codec, unit: str, options: dict) -> tuple[list, int]:
+    """Today's in-memory pipeline: every line read, encoded and turned into Example objects."""
+    docs, _ = load_tokenized(src, tgt, codec, True, 0, None)
+    return build_instances(unit, docs, **{"max_tokens": 512, **options})
+
+
+def same_example(a, b) -> bool:
+    return (
+        np.array_equal(a.src, b.src)
+        and a.src.dtype == b.src.dtype
+        and np.array_equal(a.tgt, b.tgt)
+        and (a.doc, a.first, a.n_sents) == (b.doc, b.first, b.n_sents)
+        and (a.sent_lens is None) == (b.sent_lens is None)
+        and (a.sent_lens is None or np.array_equal(a.sent_lens, b.sent_lens))
+    )
+
+
+@pytest.mark.parametrize("unit,options", CASES, ids=IDS)
+def test_mapped_instances_equal_the_in_memory_pipeline(corpora, tmp_path, unit, options):
+    """Same examples (ids, dtype, document, position, rows), dropped count, lengths, fingerprint
+    digest and batches of two epochs on two ranks, for every unit."""
+    for src, tgt, codec in corpora:
+        ref, ref_dropped = reference(src, tgt, codec, unit, options)
+        corpus, _ = load_mapped(src, tgt, codec, True, 0, str(tmp_path))
+        mapped = MappedExamples(corpus, unit, UnitOptions(**{"max_tokens": 512, **options}))
+        assert len(ref) and (ref_dropped or not options.get("max_len"))  # the case means something
+        assert len(mapped) == len(ref) and mapped.dropped == ref_dropped
+        assert all(same_example(m, r) for m, r in zip(mapped, ref))
+        a, b = example_lengths(ref), mapped.lengths()
+        for key in ("src", "tgt", "rows", "real_src", "real"):
+            assert (getattr(a, key) is None) == (getattr(b, key) is None), key
+            assert getattr(a, key) is None or np.array_equal(getattr(a, key), getattr(b, key)), key
+        assert mapped.digest() == examples_digest(ref)
+        for rank in (0, 1):
+            s_ref = BatchSampler(ref, 300, seed=5, rank=rank, world=2)
+            s_map = BatchSampler(mapped, 300, seed=5, rank=rank, world=2)
+            for epoch in (0, 1):
+                assert [x.tolist() for x in s_ref.epoch_batches(epoch)] == [
+                    x.tolist() for x in s_map.epoch_batches(epoch)
+                ]
+        first = BatchSampler(ref, 300, seed=5).epoch_batches(0)[0]
+        batch_ref, batch_map = collate([ref[i] for i in first]), collate([mapped[i] for i in first])
+        assert batch_ref.src.equal(batch_map.src) and batch_ref.tgt_out.equal(batch_map.tgt_out)
+
+
+def test_several_corpora_give_the_same_mixed_batches_and_digest(corpora, tmp_path):
+    """Weighted corpora over mapped instances (ConcatExamples) equal the concatenated lists."""
+    (s1, t1, c1), _ = corpora
+    s2, t2 = synthetic(tmp_path / "b", 400, seed=1, docs=False)
+    parts_ref, parts_map = [], []
+    for src, tgt in ((s1, t1), (s2, t2)):
+        parts_ref.append(reference(src, tgt, c1, "k_to_1", {"context_sentences": 2})[0])
+        corpus, _ = load_mapped(src, tgt, c1, True, 0, str(tmp_path))
+        parts_map.append(MappedExamples(corpus, "k_to_1", UnitOptions(context_sentences=2)))
+    ref, mapped = [e for p in parts_ref for e in p], ConcatExamples(parts_map)
+    mix = CorpusMix(["a", "b"], [len(p) for p in parts_ref], [1, 3])
+    assert mapped.digest() == examples_digest(ref)
+    assert all(same_example(mapped[i], ref[i]) for i in range(0, len(ref), 97))
+    a, b = BatchSampler(ref, 250, seed=2, mix=mix), BatchSampler(mapped, 250, seed=2, mix=mix)
+    for epoch in (0, 1):
+        assert [x.tolist() for x in a.epoch_batches(epoch)] == [x.tolist() for x in b.epoch_batches(epoch)]
+
+
+def test_workers_give_byte_identical_caches_and_documents_as_read(tmp_path):
+    """1 and 2 worker processes (several chunks each) write the same bytes, holding the documents
+    read_parallel reads; data.documents false makes every line a document."""
+    src, tgt = synthetic(tmp_path / "c", 3000)
+    codec = toy_codec()
+    for documents in (True, False):
+        folders = []
+        for workers in (1, 2):
+            folder = tmp_path / f"w{workers}-{documents}"
+            binarize(src, tgt, codec, documents, 0, str(folder), workers=workers, chunk_lines=700)
+            folders.append(folder)
+        names = sorted(os.listdir(folders[0]))
+        assert names == sorted(os.listdir(folders[1])) and "meta.json" in names
+        for name in names:
+            assert (folders[0] / name).read_bytes() == (folders[1] / name).read_bytes(), name
+        corpus = open_mapped(str(folders[1]))
+        text = read_parallel(src, tgt, documents)
+        assert [len(d) for d in corpus.documents()] == [len(d) for d in text]
+        flat = [s for d in text for s, _ in d]
+        assert [corpus.sentence(i, "src").tolist() for i in (0, 1234, 2999)] == [
+            codec.encode([flat[i]], "src")[0].tolist() for i in (0, 1234, 2999)
+        ]
+
+
+def test_a_misaligned_line_deep_inside_is_refused_and_leaves_no_cache(tmp_path):
+    """A blank line on one side only at line 2501 (in the fourth chunk, workers busy) names the
+    file and line; the cache folder holds nothing afterwards, not even a half-written one."""
+    src, tgt = synthetic(tmp_path / "c", 3000, docs=False)
+    lines = Path(tgt).read_text(encoding="utf-8").split("\n")
+    lines[2500] = ""
+    Path(tgt).write_text("\n".join(lines), encoding="utf-8")
+    cache = tmp_path / "cache"
+    with pytest.raises(DataError, match=r"c\.tgt:2501: blank line .*c\.src:2501 has a sentence"):
+        binarize(src, tgt, toy_codec(), True, 0, str(cache / "key"), workers=2, chunk_lines=700)
+    assert os.listdir(cache) == []
+
+
+def test_a_changed_file_invalidates_the_cache_and_a_damaged_one_is_rebuilt(tmp_path):
+    src, tgt = synthetic(tmp_path / "c", 50)
+    codec = toy_codec()
+    first, cached = load_mapped(src, tgt, codec, True, 0, str(tmp_path / "cache"))
+    again, cached_again = load_mapped(src, tgt, codec, True, 0, str(tmp_path / "cache"))
+    assert not cached and cached_again and np.array_equal(first.tgt, again.tgt)
+    lines = Path(tgt).read_text(encoding="utf-8").split("\n")
+    lines[3] = "w1 w2 w3 w4 w5 w6 w7 w8 w9 w10 w11 w12 w13"
+    Path(tgt).write_text("\n".join(lines), encoding="utf-8")
+    changed, cached_changed = load_mapped(src, tgt, codec, True, 0, str(tmp_path / "cache"))
+    assert not cached_changed and len(changed.tgt) != len(first.tgt)
+    expected = np.array(changed.tgt)  # a copy: the mapped file is cut below
+    del first, again, changed
+    folder = tmp_path / "cache" / cache_key(src, tgt, codec, True)
+    with open(folder / "tgt.ids", "r+b") as f:  # a cut file: the cache is rebuilt, not misread
+        f.truncate(8)
+    rebuilt, cached_rebuilt = load_mapped(src, tgt, codec, True, 0, str(tmp_path / "cache"))
+    assert not cached_rebuilt and np.array_equal(rebuilt.tgt, expected)
+
+
+def test_resume_on_mapped_windows_equals_the_straight_run(toy_dir, tmp_path):
+    """A k_to_k run (instances are windows over the mapped corpus) stopped after 4 steps and
+    resumed to 8 ends with the weights and data position of the straight 8-step run; its
+    training examples are mapped (no list of Example objects) and the fingerprint is the one
+    the in-memory examples give."""
+    src, tgt = synthetic(tmp_path / "data", 40)
+
+    def cfg(run: str, steps: int):
+        c = tiny_config(toy_dir, tmp_path / run, train={"max_steps": steps, "save_every": 4, "batch_tokens": 1500})
+        c["data"]["train"] = {"src": src, "tgt": tgt}
+        c["data"]["context_sentences"] = 2
+        c["model"]["unit"] = "k_to_k"
+        c["vocab"]["size"] = 60
+        return config_from_dict(c)
+
+    train(cfg("straight", 8))
+    train(cfg("resumed", 4))
+    train(cfg("resumed", 8))
+    a = load_checkpoint(str(tmp_path / "straight" / "checkpoints" / "last.pt"))
+    b = load_checkpoint(str(tmp_path / "resumed" / "checkpoints" / "last.pt"))
+    assert a["train_state"]["sampler"] == b["train_state"]["sampler"] and a["train_state"]["sampler"]["epoch"] >= 1
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    parts = build_run(cfg("straight", 8), DistContext())
+    assert isinstance(parts.train_examples, MappedExamples)
+    assert parts.fingerprint["examples"] == examples_digest(list(parts.train_examples))
+    assert parts.fingerprint == a["train_state"]["data"]
+
+
+def test_a_killed_binarization_leaves_nothing_the_next_one_keeps(tmp_path):
+    """The staging folder of a binarization whose process died is removed by the next one; the
+    staging folder of a live process (another rank binarizing) is left alone."""
+    src, tgt = synthetic(tmp_path / "c", 30)
+    codec = toy_codec()
+    key = cache_key(src, tgt, codec, True)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / "cache" / f".{key}.tmp{dead.pid}").mkdir(parents=True)
+    (tmp_path / "cache" / f".{key}.tmp{dead.pid}" / "src.ids").write_bytes(b"half")
+    (tmp_path / "cache" / f".{key}.tmp{os.getppid()}").mkdir()  # a live process's
+    load_mapped(src, tgt, codec, True, 0, str(tmp_path / "cache"))
+    assert sorted(os.listdir(tmp_path / "cache")) == sorted([key, f".{key}.tmp{os.getppid()}"])
