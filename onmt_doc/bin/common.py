@@ -145,3 +145,14 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         """Raise instead of argparse's usage dump + exit 2, so ``run`` prints it as one line."""
         raise UserError(message)
+
+
+def describe_import(source: str, output: str, payload: dict, markup: bool, detail: str = "") -> str:
+    """The one line an importer (``onmt_doc_import_opennmt``, ``onmt_doc_import_marian``) prints
+    about the checkpoint it wrote; ``detail``: what else that format makes worth saying."""
+    m = payload["config"]["model"]
+    return (
+        f"imported {source} to {output}: d_model {m['d_model']}, "
+        f"{m['encoder']['layers']}+{m['decoder']['layers']} layers, {detail}"
+        f"{len(payload['codec']['tgt_vocab'])} target entries, sentence markup {'on' if markup else 'off'}"
+    )

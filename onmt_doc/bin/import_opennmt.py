@@ -17,7 +17,7 @@ import contextlib
 import sys
 from typing import Optional
 
-from onmt_doc.bin.common import ArgumentParser, run, run_folder_lock
+from onmt_doc.bin.common import ArgumentParser, describe_import, run, run_folder_lock
 from onmt_doc.convert.opennmt import import_opennmt
 from onmt_doc.outputs import check_writable_target, refuse_inputs
 
@@ -87,14 +87,7 @@ def _main(argv: Optional[list[str]] = None) -> int:
             args.run_dir,
             args.sentence_markup,
         )
-    m = payload["config"]["model"]
-    print(
-        f"imported {args.model} to {args.output}: d_model {m['d_model']}, "
-        f"{m['encoder']['layers']}+{m['decoder']['layers']} layers, "
-        f"{len(payload['codec']['tgt_vocab'])} target entries, "
-        f"sentence markup {'on' if args.sentence_markup else 'off'}",
-        file=sys.stderr,
-    )
+    print(describe_import(args.model, args.output, payload, args.sentence_markup), file=sys.stderr)
     return 0
 
 

@@ -41,6 +41,22 @@ class ModelConfig:
     max_positions: int = option(
         4096, "initial size of the sinusoidal position table; it grows on demand and is not saved", minimum=1
     )
+    activation: Literal["relu", "gelu", "swish"] = option(
+        "relu",
+        "activation of every feed-forward network of the model: `relu` (Vaswani et al., 2017), `gelu` "
+        "(exact, erf) or `swish` (SiLU, x·sigmoid(x): Marian / OPUS-MT models)",
+    )
+    position_layout: Literal["interleaved", "halves"] = option(
+        "interleaved",
+        "where the sinusoidal position encodings put sin and cos of each frequency: alternating columns "
+        "(`interleaved`, OpenNMT-py's) or all sines then all cosines (`halves`, Marian's); both from position 0",
+    )
+    scale_embedding: bool = option(
+        True, "multiply token embeddings by sqrt(`d_model`) before adding positions (`false`: as is)"
+    )
+    layer_norm_eps: float = option(
+        1e-5, "epsilon of every layer norm of the model (torch's default; Marian's in transformers)", above=0
+    )
     word_dropout: float = option(
         0.0,
         "training only: each source word and decoder-input word is replaced by "

@@ -17,10 +17,15 @@ from onmt_doc.outputs import write_bytes
 
 
 class Subword:
-    """A pyonmttok tokenizer plus the bytes of its subword model."""
+    """A pyonmttok tokenizer plus the bytes of its subword model.
 
-    def __init__(self, kind: str, mode: str, model: Optional[bytes] = None):
-        self.kind, self.mode, self.model = kind, mode, model
+    ``suffix``: tokens appended to every tokenized line, as a model's own tokenizer adds them (a
+    Marian model reads its source as ``pieces… </s>``: transformers' ``MarianTokenizer`` appends the
+    end token; onmt_doc's ``</s>`` is the token an import maps it to, onmt_doc/convert/marian.py).
+    Empty for every model trained here, whose markup comes from the data pipeline instead."""
+
+    def __init__(self, kind: str, mode: str, model: Optional[bytes] = None, suffix: Sequence[str] = ()):
+        self.kind, self.mode, self.model, self.suffix = kind, mode, model, tuple(suffix)
         self._tok = self._make(kind, mode, model)
 
     @staticmethod
@@ -44,11 +49,14 @@ class Subword:
 
     def tokenize(self, line: str) -> list[str]:
         """Subword tokens of one line, with joiners so :meth:`detokenize` restores the text."""
-        return self._tok.tokenize(line)[0]
+        return self._tok.tokenize(line)[0] + list(self.suffix)
 
     def tokenize_batch(self, lines: Sequence[str]) -> list[list[str]]:
         """:meth:`tokenize` of many lines in one pyonmttok call (much faster than a Python loop)."""
-        return self._tok.tokenize_batch(list(lines))[0] if lines else []
+        if not lines:
+            return []
+        batch = self._tok.tokenize_batch(list(lines))[0]
+        return [tokens + list(self.suffix) for tokens in batch] if self.suffix else batch
 
     def detokenize(self, tokens: Sequence[str]) -> str:
         """Text of subword tokens: joiners and SentencePiece markers are merged away."""
@@ -56,12 +64,13 @@ class Subword:
 
     def to_dict(self) -> dict:
         """The checkpoint format: plain data with the model bytes, so translating needs no model file."""
-        return {"kind": self.kind, "mode": self.mode, "model": self.model}
+        d = {"kind": self.kind, "mode": self.mode, "model": self.model}
+        return {**d, "suffix": list(self.suffix)} if self.suffix else d  # older checkpoints: no key
 
     @classmethod
     def from_dict(cls, d: dict) -> "Subword":
         """Inverse of :meth:`to_dict`."""
-        return cls(d["kind"], d["mode"], d["model"])
+        return cls(d["kind"], d["mode"], d["model"], d.get("suffix", ()))
 
     @staticmethod
     def model_problem(kind: str, data: bytes) -> Optional[str]:

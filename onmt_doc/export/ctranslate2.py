@@ -7,6 +7,12 @@ embeddings scaled by sqrt(d) plus sinusoidal positions from 0 (we pass our own t
 interleaved sin/cos layout is kept exactly), fused q/k/v (self-attention) and k/v (cross-attention)
 projections in our row order, ReLU feed-forward, pre-norm with a final layer norm or post-norm,
 layer norm eps 1e-5 (``nn.LayerNorm``'s default; CTranslate2's default is 1e-6, so it is set).
+The model options an imported Marian model sets (onmt_doc/convert/marian.py) map to the spec's
+own: ``model.activation`` (swish, gelu), ``model.scale_embedding`` (``scale_embeddings``),
+``model.position_layout`` (the table we pass is in that layout), ``model.layer_norm_eps``
+(``layer_norm_epsilon``); the output bias is the projection's bias; the decoder starts from our
+``<bos>``, whose row the import took from Marian's start token; a source :class:`Subword` suffix
+(Marian's ``</s>``) is recorded with the tokenization settings.
 
 Our markup is kept: a source sentence is ``<s> w1 … wn </s>``; the decoder starts from ``<bos>``,
 ``<s>`` is the forced first target token and ``</s>`` (then ``<eos>``) ends a sentence
@@ -54,6 +60,8 @@ from onmt_doc.translate.ctranslate2_engine import (  # noqa: F401 (the export's 
 
 QUANTIZATIONS = ("float32", "float16", "bfloat16", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16")
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, used by every norm of our Transformer
+# model.activation -> the spec's activation (ctranslate2.specs.common_spec.Activation member names)
+ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "swish": "SWISH"}
 
 
 def check_exportable(model: EncoderDecoder) -> None:
@@ -81,8 +89,8 @@ class _Weights:
     """Hands out parameters by name and remembers which were used, so a parameter that the
     export does not map (a future addition to the Transformer) is an error, not silently lost."""
 
-    def __init__(self, model: EncoderDecoder) -> None:
-        self.model = model
+    def __init__(self, model: EncoderDecoder, eps: float = LAYER_NORM_EPS) -> None:
+        self.model, self.eps = model, eps
         self.used: set[int] = set()
 
     def take(self, p: torch.Tensor) -> np.ndarray:
@@ -94,8 +102,8 @@ class _Weights:
         spec.bias = self.take(layer.bias)
 
     def norm(self, spec: Any, norm: torch.nn.Module) -> None:
-        if not isinstance(norm, torch.nn.LayerNorm) or abs(norm.eps - LAYER_NORM_EPS) > 1e-12:
-            raise UserError(f"layer norm {norm!r} is not exportable (expected LayerNorm with eps {LAYER_NORM_EPS})")
+        if not isinstance(norm, torch.nn.LayerNorm) or abs(norm.eps - self.eps) > 1e-12:
+            raise UserError(f"layer norm {norm!r} is not exportable (expected LayerNorm with eps {self.eps})")
         spec.gamma = self.take(norm.weight)
         spec.beta = self.take(norm.bias)
 
@@ -108,7 +116,9 @@ class _Weights:
             self.linear(spec.linear[1], attn.kv)
             self.linear(spec.linear[2], attn.out)
 
-    def ffn(self, spec: Any, layer: Any) -> None:
+    def ffn(self, spec: Any, layer: Any, activation: str) -> None:
+        if layer.ff.activation != activation:
+            raise UserError("a model mixing feed-forward activations is not exportable to CTranslate2")
         self.norm(spec.layer_norm, layer.ff_res.norm)
         self.linear(spec.linear_0, layer.ff.w1)
         self.linear(spec.linear_1, layer.ff.w2)
@@ -119,32 +129,40 @@ class _Weights:
 
 def build_spec(model: EncoderDecoder, codec: Codec, max_positions: int) -> Any:
     """A validated ``ctranslate2.specs.TransformerSpec`` holding ``model``'s weights (float32)."""
-    ct2 = import_ctranslate2()
-    from ctranslate2.specs import transformer_spec
+    import_ctranslate2()
+    from ctranslate2.specs import common_spec, transformer_spec
 
     check_exportable(model)
     enc, dec = model.encoder, model.decoder
     enc_pre = enc.layers[0].attn_res.pre_norm if len(enc.layers) else True
     dec_pre = dec.layers[0].self_res.pre_norm if len(dec.layers) else True
-    enc_spec = transformer_spec.TransformerEncoderSpec(len(enc.layers), enc.layers[0].self_attn.heads, pre_norm=enc_pre)
-    dec_spec = transformer_spec.TransformerDecoderSpec(len(dec.layers), dec.layers[0].self_attn.heads, pre_norm=dec_pre)
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
+    eps = norms[0].eps if norms else LAYER_NORM_EPS  # model.layer_norm_eps: one value for all (checked per norm)
+    ffs = [layer.ff.activation for layer in [*enc.layers, *dec.layers]]
+    activation = ffs[0] if ffs else "relu"
+    act = getattr(common_spec.Activation, ACTIVATIONS[activation])
+    enc_spec = transformer_spec.TransformerEncoderSpec(
+        len(enc.layers), enc.layers[0].self_attn.heads, pre_norm=enc_pre, activation=act
+    )
+    dec_spec = transformer_spec.TransformerDecoderSpec(
+        len(dec.layers), dec.layers[0].self_attn.heads, pre_norm=dec_pre, activation=act
+    )
     spec = transformer_spec.TransformerSpec(enc_spec, dec_spec)
-    w = _Weights(model)
-    # E[x]·sqrt(d) + PE (Vaswani et al., 2017, sec. 3.5): scale_embeddings is the spec's default;
-    # our position table (interleaved sin/cos, positions from 0) replaces CTranslate2's own.
-    table = sinusoid_table(max_positions, enc.embeddings.d_model).numpy()
+    w = _Weights(model, eps)
+    # E[x]·sqrt(d) + PE (Vaswani et al., 2017, sec. 3.5), or E[x] + PE (model.scale_embedding: false);
+    # our position table (model.position_layout, positions from 0) replaces CTranslate2's own.
     for side, s, module in (("encoder", enc_spec, enc), ("decoder", dec_spec, dec)):
-        if not s.scale_embeddings:
-            raise UserError(f"ctranslate2 {ct2.__version__}: {side} spec does not scale embeddings")
-        s.position_encodings.encodings = table
         if module.embeddings.positions is None:
             raise UserError(f"{side} without sinusoidal positions is not exportable to CTranslate2")
+        s.scale_embeddings = module.embeddings.scale_embedding
+        layout = module.embeddings.positions.layout
+        s.position_encodings.encodings = sinusoid_table(max_positions, module.embeddings.d_model, layout).numpy()
     enc_spec.embeddings[0].weight = w.take(enc.embeddings.tokens.weight)
     for layer_spec, layer in zip(enc_spec.layer, enc.layers):
         assert isinstance(layer, TransformerEncoderLayer)
         w.attention(layer_spec.self_attention, layer.self_attn)
         w.norm(layer_spec.self_attention.layer_norm, layer.attn_res.norm)
-        w.ffn(layer_spec.ffn, layer)
+        w.ffn(layer_spec.ffn, layer, activation)
         if layer.attn_res.pre_norm != enc_pre or layer.ff_res.pre_norm != enc_pre:
             raise UserError("an encoder mixing pre- and post-norm layers is not exportable to CTranslate2")
     if enc_pre:
@@ -156,7 +174,7 @@ def build_spec(model: EncoderDecoder, codec: Codec, max_positions: int) -> Any:
         w.norm(layer_spec.self_attention.layer_norm, layer.self_res.norm)
         w.attention(layer_spec.attention, layer.cross_attn)
         w.norm(layer_spec.attention.layer_norm, layer.cross_res.norm)
-        w.ffn(layer_spec.ffn, layer)
+        w.ffn(layer_spec.ffn, layer, activation)
         if {layer.self_res.pre_norm, layer.cross_res.pre_norm, layer.ff_res.pre_norm} != {dec_pre}:
             raise UserError("a decoder mixing pre- and post-norm layers is not exportable to CTranslate2")
     if dec_pre:
@@ -173,7 +191,7 @@ def build_spec(model: EncoderDecoder, codec: Codec, max_positions: int) -> Any:
     spec.config.decoder_start_token = BOS
     spec.config.add_source_bos = False  # our <s> … </s> markup, if any, is added by source_tokens()
     spec.config.add_source_eos = False
-    spec.config.layer_norm_epsilon = LAYER_NORM_EPS
+    spec.config.layer_norm_epsilon = eps
     spec.validate()
     return spec
 
@@ -211,8 +229,10 @@ def _tokenizer_settings(subword: Subword, name: str) -> dict:
     mode, options = Subword._options(subword.kind, subword.mode)
     if subword.kind != "none" and subword.model is not None:
         options = {**options, ("sp_model_path" if subword.kind == "sentencepiece" else "bpe_model_path"): name}
-    return {"kind": subword.kind, "mode": subword.mode, "subword_model": name if subword.model is not None else None,
-            "pyonmttok_mode": mode, "pyonmttok_options": options}  # fmt: skip
+    model = name if subword.model is not None else None
+    settings = {"kind": subword.kind, "mode": subword.mode, "subword_model": model,
+                "pyonmttok_mode": mode, "pyonmttok_options": options}  # fmt: skip
+    return {**settings, "suffix": list(subword.suffix)} if subword.suffix else settings  # Marian's source </s>
 
 
 # the data keys that decide a translation input (the unit's own, e.g. context_sentences, are among them)
@@ -327,6 +347,7 @@ translations already made of the previous sentences as the prefix,
 
 def _readme_bare(info: dict, src: dict, tgt: dict) -> str:
     """The README of a model without sentence markup (``data.sentence_markup: false``)."""
+    suffix = f" + {src['suffix']!r}" if src.get("suffix") else ""  # a Marian import's source </s>
     return f"""# CTranslate2 model exported by onmt_doc
 
 Quantization: {info["quantization"]}. Tokenization (pyonmttok): source `Tokenizer("{src["pyonmttok_mode"]}",
@@ -341,7 +362,7 @@ import ctranslate2, pyonmttok
 tok = pyonmttok.Tokenizer("{src["pyonmttok_mode"]}", **{src["pyonmttok_options"]!r})
 detok = pyonmttok.Tokenizer("{tgt["pyonmttok_mode"]}", **{tgt["pyonmttok_options"]!r})
 tr = ctranslate2.Translator(".", device="cpu", inter_threads=1, intra_threads=1)
-src = [tok.tokenize(line)[0] for line in ["Hello world ."]]
+src = [tok.tokenize(line)[0]{suffix} for line in ["Hello world ."]]
 out = tr.translate_batch(src, beam_size=4, end_token={info["translate_options"]["end_token"]!r},
                          suppress_sequences={info["translate_options"]["suppress_sequences"]!r},
                          min_decoding_length=1, max_decoding_length={info["translate_options"]["max_decoding_length"]})
