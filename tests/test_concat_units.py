@@ -146,12 +146,12 @@ def test_k_to_k_search_forces_the_prefix_and_outputs_the_source_sentence_count(k
     hyp = search.search(model, batch, prefix=prefix)[0][0]
     assert hyp.tokens[: len(words) + 2] == [S, *words, E]  # the prefix, as given
     assert len(markup_sentences(hyp.tokens)) == 2 and markup_sentences(hyp.tokens)[0] == words
-    # forced tokens keep their model scores: the hypothesis' log-probability is the model's
+    # the hypothesis' log-probability is the model's, of the tokens generated after the prefix
     tgt = torch.tensor([hyp.tokens])
     with torch.no_grad():
         lp = full_log_probs(model, replace(batch, tgt_in=torch.cat([torch.tensor([[BOS_ID]]), tgt], 1)))
-    expected = lp[0].gather(1, torch.cat([tgt, torch.tensor([[EOS_ID]])], 1)[0][:, None]).sum()
-    assert abs(float(expected) - hyp.log_prob) < 1e-3
+    token_lp = lp[0].gather(1, torch.cat([tgt, torch.tensor([[EOS_ID]])], 1)[0][:, None])[:, 0]
+    assert abs(float(token_lp[len(words) + 2 :].sum()) - hyp.log_prob) < 1e-3
 
 
 class RecordingSearch:
@@ -176,7 +176,7 @@ def test_force_context_prefix_feeds_the_models_own_previous_translation(k_to_k_r
     out = translator.translate([doc])[0]
     # one pass per sentence position; sentence 1 has no context, the others their predecessor's output
     first, second, third = recorder.prefixes
-    assert first == [[]]
+    assert first is None  # no prefix to force
     outputs = [[S, *codec.encode([line], "tgt")[0].tolist(), E] for line in out]
     assert second == [outputs[0]] and third == [outputs[1]]
     # the same by hand: search with the previous output as prefix, keep the last sentence

@@ -94,6 +94,19 @@ def test_greedy_outputs_equal_onmt_doc(concat, docs, prefix):
         assert window != expected
 
 
+def test_context_with_the_request_gives_the_same_outputs(concat, docs):
+    """Context passed with a request (docs/deploy.md): sources for k_to_1, sources and targets (a
+    person's edit, forced as the prefix) for k_to_k; CTranslate2 reads them as onmt_doc does."""
+    _, _, ckpt, out = concat
+    ours = Translator.load(ckpt, device="cpu", beam=1)
+    theirs = Translator.load(out, device="cpu", engine="ctranslate2", beam=1)
+    context = [list(zip(d[:2], ["ein hund schläft .", "er sieht die katze ."])) for d in docs]
+    new = [d[2:4] for d in docs]
+    expected = ours.translate(new, context=context)
+    assert theirs.translate(new, context=context) == expected
+    assert [len(d) for d in expected] == [len(d) for d in new]
+
+
 # the command path is the same for both units: run once
 K_TO_K_ONLY = pytest.mark.parametrize("concat", [("k_to_k", 2)], ids=["k_to_k"], indirect=True)
 

@@ -51,10 +51,13 @@ def check(rules, lp: torch.Tensor, at: Step, expected: list[list[float]]) -> Non
 
 # ------------------------------------------------------------------------------ one rule at a time
 def test_sentence_markup_forces_s_after_bos_and_eos_after_the_closing_tag():
+    """<eos> only after </s>: after a word the sentence must be closed first (a hypothesis
+    ``<s> w <eos>`` would be scored without the </s> that forced decoding of its text scores)."""
     rule = SentenceMarkup()
     at = step(1, [BOS_ID, EOS_SENT_ID, W1, SOS_ID])
     assert rule.forced(at).tolist() == [SOS_ID, EOS_ID, -1, -1]
-    check([rule], log_probs(4), at, [SOS_ONLY, EOS_ONLY, ROW, ROW])
+    no_eos = [-1.0, -1.1, -1.2, -1.3, -1.4, X, -1.6, -1.7, -1.8]
+    check([rule], log_probs(4), at, [SOS_ONLY, EOS_ONLY, no_eos, no_eos])
 
 
 def test_words_and_their_count_in_the_current_sentence():

@@ -159,6 +159,7 @@ def test_health_and_models(server, api, ckpt):
         "max_sentences": 40,
         "max_sentence_chars": 300,
         "max_request_chars": 2000,
+        "max_context_sentences": 100,
     }
 
 

@@ -59,6 +59,9 @@ class TrainTranslateParams:
     gates: bool = False
     pmi_concat_pairs: int = 0  # 0: count the training corpus only
     decodings: dict = field(default_factory=dict)  # name -> {system: S, options: {translate key: value}}
+    stream: list = field(default_factory=list)  # systems timed line by line (Translator.translate_stream)
+    stream_lines: int = 400  # test lines streamed (whole documents, in order)
+    ctranslate2: list = field(default_factory=list)  # systems also exported and translated by CTranslate2
 
 
 @stage("train_translate", TrainTranslateParams)
@@ -156,8 +159,73 @@ def evaluate(p: TrainTranslateParams, ctx: StageContext, name: str, ckpt: str, d
         gates(ctx, tr, name, data)
     if name in p.contrastive_speed:
         contrastive_speed(p, ctx, tr, name)
+    if name in p.stream:
+        stream_latency(p, ctx, tr, name, data)
+    if name in p.ctranslate2 and not options:
+        through_ctranslate2(p, ctx, name, ckpt, data, hyp, seconds)
     del tr
     free_memory()
+
+
+def stream_latency(p: TrainTranslateParams, ctx: StageContext, tr, name: str, data: dict) -> None:
+    """Per-line latency of ``translate_stream`` (``onmt_doc_translate -stream``): whole test documents
+    in order, up to ``stream_lines`` lines, each translated with its document's earlier lines and
+    translations as context; the time from a line given to its translation returned."""
+    lines: list[str] = []
+    for doc in data["src"]:
+        if len(lines) + len(doc) > p.stream_lines and lines:
+            break
+        lines += [*doc, ""]
+    latencies, given = [], [0.0]
+
+    def timed():
+        for line in lines:
+            given[0] = time.perf_counter()
+            yield line
+
+    t0 = time.time()
+    for out in tr.translate_stream(timed()):
+        if out:
+            latencies.append(1000 * (time.perf_counter() - given[0]))
+    seconds = time.time() - t0
+    ms = sorted(latencies)
+    ctx.record(
+        system=name,
+        stream_lines=len(ms),
+        stream_sent_per_s=len(ms) / seconds,
+        latency_mean_ms=sum(ms) / len(ms),
+        latency_p50_ms=ms[len(ms) // 2],
+        latency_p95_ms=ms[min(len(ms) - 1, int(0.95 * len(ms)))],
+        context_read="+".join(tr.context_sides()) or "none",
+    )
+
+
+def through_ctranslate2(
+    p: TrainTranslateParams, ctx: StageContext, name: str, ckpt: str, data: dict, hyp: Docs, seconds: float
+) -> None:
+    """The checkpoint exported (``onmt_doc_release``, float32) and the test documents translated by
+    CTranslate2 (``engine="ctranslate2"``, same beam, threads and batches): sentences/s against
+    onmt_doc's own search of the same checkpoint, and how many outputs are identical."""
+    from onmt_doc import Translator
+    from onmt_doc.evaluation.corpus_metrics import report
+    from onmt_doc.export.ctranslate2 import export_ctranslate2
+
+    folder = ctx.work_dir(name, "ct2")
+    export_ctranslate2(ckpt, folder, force=True)
+    tr = Translator.load(folder, device=ctx.device, engine="ctranslate2", beam=p.beam)
+    t0 = time.time()
+    out = tr.translate(data["src"])
+    ct2_s, n = time.time() - t0, sum(map(len, data["src"]))
+    same = sum(a == b for d, e in zip(out, hyp) for a, b in zip(d, e))
+    ctx.record(
+        system=f"{name} (CTranslate2)",
+        **report(out, data["ref"], documents=True),
+        sentences=n,
+        translate_s=ct2_s,
+        sent_per_s=n / ct2_s,
+        speedup=seconds / ct2_s,
+        identical=same / n,
+    )
 
 
 def contrastive(p: TrainTranslateParams, ctx: StageContext, tr, name: str, hyp: Docs, data: dict) -> None:

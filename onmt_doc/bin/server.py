@@ -1,7 +1,8 @@
 """onmt_doc_server -model CKPT [-model NAME=CKPT ...] [-model NAME=A.pt B.pt ...] [-host 127.0.0.1] [-port 5000] …
 
 Serves translation as JSON over HTTP (Flask app, waitress server; docs/deploy.md): ``GET /health``,
-``GET /models``, ``POST /translate`` with ``{"model": NAME, "documents": [[sentence, ...], ...]}``.
+``GET /models``, ``POST /translate`` with ``{"model": NAME, "documents": [[sentence, ...], ...]}``
+and, for document models, ``"context"``: per document its preceding sentences (and translations).
 Each -model is one served model; the first is the default; ``NAME=CKPT`` names a model (an unnamed
 one is ``default``). Several checkpoints after one -model (``-model NAME=A.pt B.pt``) are one model,
 an ensemble, as ``onmt_doc_translate -model A.pt B.pt`` translates them (-ensemble_average).
@@ -70,7 +71,14 @@ def _parser() -> ArgumentParser:
         "--max_request_chars",
         type=int,
         default=100_000,
-        help="source characters per request (the work one request may ask for); 413 above",
+        help="characters of text per request, context included (the work one request may ask for); 413 above",
+    )
+    p.add_argument(
+        "-max_context_sentences",
+        "--max_context_sentences",
+        type=int,
+        default=100,
+        help="context sentences given per document; 413 above (a model reads only its own window of them)",
     )
     p.add_argument(
         "-api_key_file",
@@ -136,7 +144,14 @@ def model_specs(values: list[list[str]]) -> list[tuple[str, list[str]]]:
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
-    counts = ("max_request_bytes", "max_sentences", "max_sentence_chars", "max_request_chars", "batch_tokens")
+    counts = (
+        "max_request_bytes",
+        "max_sentences",
+        "max_sentence_chars",
+        "max_request_chars",
+        "max_context_sentences",
+        "batch_tokens",
+    )
     for flag in (*counts, "http_threads"):
         if getattr(args, flag) < 1:
             raise UserError(f"-{flag} must be at least 1 (got {getattr(args, flag)})")
@@ -260,7 +275,13 @@ def _main(argv: Optional[list[str]]) -> int:
     setup_logging()
     if args.threads:
         torch.set_num_threads(args.threads)
-    limits = Limits(args.max_request_bytes, args.max_sentences, args.max_sentence_chars, args.max_request_chars)
+    limits = Limits(
+        args.max_request_bytes,
+        args.max_sentences,
+        args.max_sentence_chars,
+        args.max_request_chars,
+        args.max_context_sentences,
+    )
     state = ServerState({}, specs[0][0], limits, api_key)
     app = create_app(state)
     server = _listen(app, args)  # before the (slow) loading: a taken port fails at once

@@ -7,8 +7,10 @@ document files) to stderr; with -score, writes the log-probability of each -tgt 
 run never truncates an existing file; an -output that is (a link to) an input file is refused.
 Several -model checkpoints translate as an ensemble. -engine ctranslate2 -model FOLDER translates
 with a CTranslate2 export of onmt_doc_release (sentence, k_to_1 and k_to_k models) instead of
-onmt_doc's own search. A thin layer over the Python API (``Translator.load`` … ``run_files``,
-docs/deploy.md).
+onmt_doc's own search. -stream translates line by line as lines arrive (standard input, a pipe):
+each line is written and flushed as soon as it is translated, with the document's earlier lines and
+their translations as context; a blank line starts a new document. A thin layer over the Python API
+(``Translator.load`` … ``run_files``, ``translate_stream``; docs/deploy.md).
 """
 
 from __future__ import annotations
@@ -18,11 +20,14 @@ import json
 import os
 import sys
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 from onmt_doc.bin.common import ArgumentParser, run
 from onmt_doc.errors import UserError
 from onmt_doc.outputs import check_writable_target, output_file, refuse_inputs, write_text
+
+if TYPE_CHECKING:
+    from onmt_doc.translate.translator import Translator
 
 
 def _parser() -> ArgumentParser:
@@ -45,6 +50,13 @@ def _parser() -> ArgumentParser:
     p.add_argument("-output", "--output", default="-", help="output file, '-' for standard output")
     p.add_argument("-tgt", "--tgt", help="reference file: report BLEU/chrF/d-BLEU, or the text to -score")
     p.add_argument("-score", "--score", action="store_true", help="forced decoding: log-probs of -tgt")
+    p.add_argument(
+        "-stream",
+        "--stream",
+        action="store_true",
+        help="translate each line as soon as it is read and write it at once (flushed), the document's earlier "
+        "lines and translations as context, a blank line starting a new document; output to standard output",
+    )
     p.add_argument(
         "-metrics_file",
         "--metrics_file",
@@ -165,6 +177,8 @@ def _main(argv: Optional[list[str]]) -> int:
     setup_logging()
     if args.score and not args.tgt:
         raise UserError("-score needs -tgt (the translations to score)")
+    if args.stream and (args.tgt or args.score or args.output != "-"):
+        raise UserError("-stream writes its translations to standard output as it reads: no -tgt, -score or -output")
     if args.engine == "ctranslate2" and args.score:
         raise UserError("-score needs the checkpoint and -engine torch: a CTranslate2 export only translates")
     inputs = [("-src", args.src), ("-tgt", args.tgt), *(("-model", m) for m in _model_files(args.model))]
@@ -187,6 +201,8 @@ def _main(argv: Optional[list[str]]) -> int:
     )
     if args.max_line_chars is not None:
         translator.cfg.data.max_line_chars = args.max_line_chars
+    if args.stream:
+        return _stream(translator, args, inputs)
     start = time.time()
     with output_file(args.output, inputs) as out:
         pairs = translator.run_files(args.src, out, args.tgt, score=args.score)
@@ -208,6 +224,56 @@ def _main(argv: Optional[list[str]]) -> int:
         metrics.update(lines_split=s.lines_split, docs_repaired=s.docs_repaired, empty_filled=s.empty_filled)
         write_text(args.metrics_file, json.dumps({**metrics, **(scores or {})}) + "\n", inputs, "-metrics_file")
     return 0
+
+
+def _stream(translator: "Translator", args: argparse.Namespace, inputs: list) -> int:
+    """-stream: each line written and flushed as soon as it is translated; per-line latency (from
+    the line read to its translation written) in the final log line and the -metrics_file."""
+    from onmt_doc.data.corpus import iter_lines
+
+    latencies: list[float] = []
+    read_at = [0.0]
+
+    def timed(lines: Iterator[str]) -> Iterator[str]:
+        for line in lines:
+            read_at[0] = time.perf_counter()
+            yield line
+
+    start = time.time()
+    for text in translator.translate_stream(timed(iter_lines(args.src, translator.cfg.data.max_line_chars))):
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+        if text:
+            latencies.append(time.perf_counter() - read_at[0])
+    elapsed = time.time() - start
+    latency = latency_summary(latencies)
+    print(
+        f"streamed {len(latencies)} lines from {args.src} in {elapsed:.1f}s; latency per line "
+        f"mean {latency['latency_mean_ms']:.1f} ms, p50 {latency['latency_p50_ms']:.1f} ms, "
+        f"p95 {latency['latency_p95_ms']:.1f} ms ({translator.stats.summary()})",
+        file=sys.stderr,
+    )
+    if args.metrics_file:
+        s = translator.stats
+        metrics = {"src": args.src, "model": args.model, "stream": True, "seconds": elapsed, "sentences": s.sentences}
+        metrics.update(documents=s.documents, lines_split=s.lines_split, empty_filled=s.empty_filled, **latency)
+        write_text(args.metrics_file, json.dumps(metrics) + "\n", inputs, "-metrics_file")
+    return 0
+
+
+def latency_summary(seconds: list[float]) -> dict[str, float]:
+    """Mean, median, 95th percentile and maximum of per-line latencies, in milliseconds (0 for none)."""
+    ms = sorted(1000.0 * x for x in seconds) or [0.0]
+
+    def quantile(q: float) -> float:
+        return ms[min(len(ms) - 1, int(q * len(ms)))]
+
+    return {
+        "latency_mean_ms": sum(ms) / len(ms),
+        "latency_p50_ms": quantile(0.5),
+        "latency_p95_ms": quantile(0.95),
+        "latency_max_ms": ms[-1],
+    }
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -139,6 +139,18 @@ def _token_windows(doc: Sequence[tuple], max_tokens: int) -> list[tuple[int, int
     return windows
 
 
+def _fitting(lengths: Sequence[int], first_length: int, max_tokens: int) -> int:
+    """How many of the last ``lengths`` fit one :func:`_token_windows` window with a sentence of
+    ``first_length`` after them (the window a document's first sentence starts with them)."""
+    used, kept = 1 + first_length + 2, 0
+    for length in reversed(lengths):
+        if used + length + 2 > max_tokens:
+            break
+        used += length + 2
+        kept += 1
+    return kept
+
+
 def _pack(doc: Sequence[tuple], d: int, start: int, end: int) -> Example:
     src = np.concatenate([mark_sentence(s) for s, _ in doc[start:end]])
     has_tgt = doc[start][1] is not None
@@ -251,6 +263,12 @@ class Unit:
         """The examples of tokenized ``docs`` and the number of pairs dropped by ``max_len``."""
         raise NotImplementedError
 
+    def context_kept(self, src_lengths: Sequence[int], first_length: int) -> int:
+        """How many of the sentences before a document (their source lengths in subwords, oldest
+        first) share an instance with its first sentence: the model's own window, so a request's
+        context beyond it changes nothing. ``first_length``: the first sentence's length."""
+        return 0
+
     @classmethod
     def check_parts(cls, name: str, part_units: set[str], where: str = "model.unit") -> None:
         """``model.unit: name`` fits the parts' own units: a declared unit must be the parts' own."""
@@ -290,6 +308,14 @@ class Unit:
         """Whether a row's target holds, before the sentence it translates, translations of the
         context sentences, which translation may force as a prefix (``translate.force_context_prefix``)."""
         return False
+
+    @classmethod
+    def context_sides(cls) -> tuple[str, ...]:
+        """What of a document's preceding sentences (context passed with a request,
+        ``Translator.translate(..., context=...)``) the unit's model reads: ``("src", "tgt")`` when
+        their translations are part of its target, forced as a prefix; ``("src",)`` their sources
+        only; ``()`` nothing (a sentence model)."""
+        return ()
 
     @classmethod
     def input_settings(cls, data: Any) -> dict[str, Any]:
@@ -345,10 +371,20 @@ class DocumentUnit(Unit):
         """See :meth:`Unit.instances`."""
         return document_instances(docs, self.options.max_tokens), 0
 
+    def context_kept(self, src_lengths: Sequence[int], first_length: int) -> int:
+        """See :meth:`Unit.context_kept`: those that fit ``max_tokens`` with the first sentence."""
+        return _fitting(src_lengths, first_length, self.options.max_tokens)
+
     @classmethod
     def search_marks_sentences(cls) -> bool:
         """See :meth:`Unit.search_marks_sentences`: the document decoder's ``constrain`` keeps the structure."""
         return False
+
+    @classmethod
+    def context_sides(cls) -> tuple[str, ...]:
+        """See :meth:`Unit.context_sides`: the preceding sentences join the window, their
+        translations forced as the target prefix (the G-Transformer's own document context)."""
+        return ("src", "tgt")
 
 
 @UNITS.register("context", UnitOptions)
@@ -362,6 +398,19 @@ class ContextUnit(Unit):
         o = self.options
         return context_instances(docs, o.max_sentences, o.max_len, o.window_tokens)
 
+    def context_kept(self, src_lengths: Sequence[int], first_length: int) -> int:
+        """See :meth:`Unit.context_kept`: ``max_sentences`` - 1 (the window), or, for windows packed to
+        ``window_tokens``, those that fit with the first sentence."""
+        o = self.options
+        if o.max_sentences or not o.window_tokens:
+            return min(len(src_lengths), max(o.max_sentences - 1, 0)) if o.max_sentences else len(src_lengths)
+        return _fitting(src_lengths, first_length, o.window_tokens)
+
+    @classmethod
+    def context_sides(cls) -> tuple[str, ...]:
+        """See :meth:`Unit.context_sides`: the window's sources (HM-GDC's encoder reads no target context)."""
+        return ("src",)
+
 
 @UNITS.register("k_to_1", UnitOptions)
 class KTo1Unit(ChosenUnit):
@@ -373,6 +422,15 @@ class KTo1Unit(ChosenUnit):
         """See :meth:`Unit.instances`."""
         return concatenation_instances(docs, self.options.context_sentences, False, self.options.max_len)
 
+    def context_kept(self, src_lengths: Sequence[int], first_length: int) -> int:
+        """See :meth:`Unit.context_kept`: the ``context_sentences`` last."""
+        return min(len(src_lengths), self.options.context_sentences)
+
+    @classmethod
+    def context_sides(cls) -> tuple[str, ...]:
+        """See :meth:`Unit.context_sides`: the k previous sources."""
+        return ("src",)
+
 
 @UNITS.register("k_to_k", UnitOptions)
 class KToKUnit(ChosenUnit):
@@ -383,6 +441,10 @@ class KToKUnit(ChosenUnit):
     def instances(self, docs: Sequence[Sequence[tuple]]) -> tuple[list[Example], int]:
         """See :meth:`Unit.instances`."""
         return concatenation_instances(docs, self.options.context_sentences, True, self.options.max_len)
+
+    def context_kept(self, src_lengths: Sequence[int], first_length: int) -> int:
+        """See :meth:`Unit.context_kept`: the ``context_sentences`` last."""
+        return min(len(src_lengths), self.options.context_sentences)
 
     @classmethod
     def counts_source_sentences(cls) -> bool:
@@ -398,6 +460,11 @@ class KToKUnit(ChosenUnit):
     def has_target_context(cls) -> bool:
         """See :meth:`Unit.has_target_context`: the k previous sentences' translations."""
         return True
+
+    @classmethod
+    def context_sides(cls) -> tuple[str, ...]:
+        """See :meth:`Unit.context_sides`: the k previous sources, their translations forced as the prefix."""
+        return ("src", "tgt")
 
 
 def unit_class(name: str, where: str = "model.unit") -> type[Unit]:

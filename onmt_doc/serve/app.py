@@ -14,6 +14,9 @@ Endpoints (JSON in, JSON out; docs/deploy.md has curl examples):
   ``{"model": NAME, "translations": [[...], ...]}``; ``{"document": [...]}`` (one document) →
   ``{"translation": [...]}``. ``"scores": true`` adds each best hypothesis' score;
   ``"n_best": k`` (at most the server's ``-n_best``) adds ``k`` ``{"text", "score"}`` per sentence.
+  ``"context"``: per document (for ``"document"``: of that document) the sentences before it, each
+  ``"source"`` or ``["source", "target"]`` (target null where unknown); the reply says what the
+  model read of it: ``"context_used": "source+target" | "source" | "none"`` (a sentence model).
 
 With an API key (``ServerState.api_key``), every endpoint but ``/health`` needs
 ``Authorization: Bearer KEY`` (compared in constant time); 401 otherwise.
@@ -21,7 +24,8 @@ With an API key (``ServerState.api_key``), every endpoint but ``/health`` needs
 Errors are ``{"error": "one line"}``: 400 malformed JSON (nested too deeply included) or shape, or a
 bad option value; 401 a missing or wrong API key; 404 unknown model or path; 405 wrong method; 413
 for every size limit (body over ``max_request_bytes``, more than ``max_sentences`` sentences, a
-sentence over ``max_sentence_chars`` characters, more than ``max_request_chars`` characters in all);
+sentence over ``max_sentence_chars`` characters, more than ``max_request_chars`` characters in all,
+context included, a document with more than ``max_context_sentences`` context sentences);
 503 once the server is stopping; 500 for a bug (logged with its traceback).
 """
 
@@ -43,11 +47,14 @@ from werkzeug.exceptions import HTTPException
 from onmt_doc.errors import UserError
 from onmt_doc.registry import closest
 from onmt_doc.serve.batcher import Batcher, Cancelled, NBest
+from onmt_doc.translate.request_context import check_contexts
 from onmt_doc.translate.translator import Translator, check_documents
 
 log = logging.getLogger("onmt_doc")
 
-REQUEST_KEYS = ("model", "documents", "document", "n_best", "scores")
+REQUEST_KEYS = ("model", "documents", "document", "n_best", "scores", "context")
+# what a model reads of a request's context (Translator.context_sides), as the reply says it
+CONTEXT_USED = {("src", "tgt"): "source+target", ("src",): "source", (): "none"}
 STOPPING = "the server is stopping; retry on another instance or after it restarts"
 _SHOWN = reprlib.Repr()  # a client's value in an error message: short, one line, whatever it sent
 _SHOWN.maxstring = _SHOWN.maxother = 60
@@ -62,6 +69,7 @@ class Limits:
     max_sentences: int = 1000
     max_sentence_chars: int = 2000
     max_request_chars: int = 100_000  # the work one request may ask for: source characters in all
+    max_context_sentences: int = 100  # context sentences given per document
 
 
 @dataclass
@@ -146,9 +154,20 @@ class ServerState:
             self.in_flight -= 1
 
 
-def parse_request(body: bytes, state: ServerState) -> tuple[ServedModel, list[list[str]], bool, int, bool]:
-    """A /translate body checked against shape and limits: (model, documents, one document given,
-    n_best fields asked (0 = none), scores asked)."""
+@dataclass
+class TranslateRequest:
+    """A checked /translate body."""
+
+    model: ServedModel
+    documents: list[list[str]]
+    single: bool  # one "document" given (the reply is "translation")
+    n_best: int  # n-best fields asked (0 = none)
+    scores: bool
+    context: Optional[list[list[tuple[str, Optional[str]]]]]  # per document, or None (none given)
+
+
+def parse_request(body: bytes, state: ServerState) -> TranslateRequest:
+    """A /translate body checked against shape and limits."""
     data = _load_json(body)
     if not isinstance(data, dict):
         raise ApiError(400, f"expected a JSON object with 'documents' or 'document', got {type(data).__name__}")
@@ -169,7 +188,8 @@ def parse_request(body: bytes, state: ServerState) -> tuple[ServedModel, list[li
         check_documents(documents, "document" if single else "documents")
     except UserError as e:
         raise ApiError(400, str(e).replace("document[0]", "document")) from None
-    _check_limits(documents, single, state.limits)
+    context = _context(data["context"], documents, single) if "context" in data else None
+    _check_limits(documents, single, state.limits, context)
     n_best = data.get("n_best", 0)
     most = model.translator.opt.n_best
     if isinstance(n_best, bool) or not isinstance(n_best, int) or not 0 <= n_best <= most:
@@ -179,7 +199,15 @@ def parse_request(body: bytes, state: ServerState) -> tuple[ServedModel, list[li
     scores = data.get("scores", False)
     if not isinstance(scores, bool):
         raise ApiError(400, f"'scores' must be true or false, got {_shown(scores)}")
-    return model, documents, single, n_best, scores
+    return TranslateRequest(model, documents, single, n_best, scores, context)
+
+
+def _context(value: Any, documents: list[list[str]], single: bool) -> list[list[tuple[str, Optional[str]]]]:
+    """The request's ``"context"`` checked (as ``Translator.nbest`` checks it), one list per document."""
+    try:
+        return check_contexts([value] if single else value, len(documents))
+    except UserError as e:
+        raise ApiError(400, str(e).replace("context[0]", "context") if single else str(e)) from None
 
 
 def _load_json(body: bytes) -> Any:
@@ -199,8 +227,23 @@ def _closest(name: str, candidates: Any) -> str:
     return closest(name, list(candidates)) if len(name) <= 100 else ""
 
 
-def _check_limits(documents: list[list[str]], single: bool, limits: Limits) -> None:
+def _check_limits(documents: list[list[str]], single: bool, limits: Limits, context: Optional[list] = None) -> None:
     """413 for a request over a size limit, naming the limit and its flag, before any translation."""
+    for d, ctx in enumerate(context or []):
+        if len(ctx) > limits.max_context_sentences:
+            where = "context" if single else f"context[{d}]"
+            raise ApiError(
+                413,
+                f"{where}: {len(ctx)} sentences; the limit is {limits.max_context_sentences} per document "
+                f"(-max_context_sentences); the model reads only its own window of them",
+            )
+        for i, pair in enumerate(ctx):
+            for text in pair:
+                if text is not None and len(text) > limits.max_sentence_chars:
+                    where = f"context[{i}]" if single else f"context[{d}][{i}]"
+                    raise ApiError(
+                        413, f"{where}: {len(text)} characters; the limit is {limits.max_sentence_chars} per sentence"
+                    )
     n_sentences = sum(len(d) for d in documents)
     if n_sentences > limits.max_sentences:
         raise ApiError(
@@ -214,10 +257,12 @@ def _check_limits(documents: list[list[str]], single: bool, limits: Limits) -> N
                     413, f"{where}: {len(sentence)} characters; the limit is {limits.max_sentence_chars} per sentence"
                 )
     n_chars = sum(len(sentence) for doc in documents for sentence in doc)
+    n_chars += sum(len(text) for ctx in context or [] for pair in ctx for text in pair if text is not None)
     if n_chars > limits.max_request_chars:
         raise ApiError(
             413,
-            f"{n_chars} characters of source text in one request; the limit is {limits.max_request_chars} "
+            f"{n_chars} characters of text (sentences and context) in one request; the limit is "
+            f"{limits.max_request_chars} "
             f"(-max_request_chars): split it into several requests",
         )
 
@@ -239,8 +284,11 @@ def client_gone(environ: dict) -> Callable[[], bool]:
     return environ.get("waitress.client_disconnected") or (lambda: False)
 
 
-def response_body(name: str, out: NBest, single: bool, n_best: int, scores: bool) -> dict:
-    """The reply: translations in the request's shape, plus the n-best and scores when asked."""
+def response_body(
+    name: str, out: NBest, single: bool, n_best: int, scores: bool, context_used: Optional[str] = None
+) -> dict:
+    """The reply: translations in the request's shape, plus the n-best and scores when asked, and
+    what the model read of a given context."""
     translations = [[fields[0][0] for fields in doc] for doc in out]
     body: dict[str, Any] = {"model": name, "translations": translations}
     if scores:
@@ -252,6 +300,8 @@ def response_body(name: str, out: NBest, single: bool, n_best: int, scores: bool
         ]
     if single:  # {"document": [...]} -> {"translation": [...]}, scores and n_best of that document
         body = {("translation" if k == "translations" else k): v if k == "model" else v[0] for k, v in body.items()}
+    if context_used is not None:
+        body["context_used"] = context_used
     return body
 
 
@@ -319,10 +369,11 @@ def create_app(state: ServerState) -> Flask:
     @app.post("/translate")
     def translate() -> Response:
         body = request.get_data(cache=False)  # over MAX_CONTENT_LENGTH: 413 before reading
-        model, documents, single, n_best, scores = parse_request(body, state)
+        req = parse_request(body, state)
+        model = req.model
         state.enter()
         try:
-            out = model.batcher.translate(documents, client_gone(request.environ))
+            out = model.batcher.translate(req.documents, client_gone(request.environ), context=req.context)
         except Cancelled as e:
             raise ApiError(503, f"cancelled: {e}") from None
         except UserError as e:
@@ -333,6 +384,7 @@ def create_app(state: ServerState) -> Flask:
             raise e
         finally:
             state.leave()
-        return _json(response_body(model.name, out, single, n_best, scores))
+        used = None if req.context is None else CONTEXT_USED[model.translator.context_sides()]
+        return _json(response_body(model.name, out, req.single, req.n_best, req.scores, used))
 
     return app

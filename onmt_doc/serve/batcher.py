@@ -70,6 +70,7 @@ class _Request:
     """A submitted request: its slices still to translate and its answer, filled in slice by slice."""
 
     documents: Documents
+    context: Optional[list]  # per document, its preceding sentences (translator.nbest's context), or None
     out: NBest
     is_gone: Callable[[], bool]
     slices: deque = field(default_factory=deque)  # of _Slice, not yet translated
@@ -136,12 +137,17 @@ class Batcher:
         """True once stop() was called: new requests are refused (503), queued ones still answered."""
         return self._stopping
 
-    def submit(self, documents: Documents, is_gone: Optional[Callable[[], bool]] = None) -> Future:
+    def submit(
+        self, documents: Documents, is_gone: Optional[Callable[[], bool]] = None, context: Optional[list] = None
+    ) -> Future:
         """Queue documents (already checked by the caller); the future's result is their n-best.
-        ``is_gone()`` true (the client disconnected) drops what is left of the request."""
+        ``is_gone()`` true (the client disconnected) drops what is left of the request. ``context``:
+        per document, its preceding sentences (checked), for a model that reads them (a sentence
+        model's documents are cut into sentences, which read none)."""
         slices = cut(documents, self.batch_tokens, self.split_documents)
         out: NBest = [[[] for _ in doc] for doc in documents]  # the answer's shape, filled slice by slice
-        request = _Request(documents, out, is_gone or (lambda: False), total=len(slices), left=len(slices))
+        context = None if self.split_documents else context
+        request = _Request(documents, context, out, is_gone or (lambda: False), total=len(slices), left=len(slices))
         request.slices.extend(_Slice(request, parts, cost) for parts, cost in slices)
         with self._lock:
             if self._stopping:
@@ -150,10 +156,14 @@ class Batcher:
         return request.future
 
     def translate(
-        self, documents: Documents, is_gone: Optional[Callable[[], bool]] = None, timeout: Optional[float] = None
+        self,
+        documents: Documents,
+        is_gone: Optional[Callable[[], bool]] = None,
+        timeout: Optional[float] = None,
+        context: Optional[list] = None,
     ) -> NBest:
         """Submit and wait: what a handler thread calls. Raises :class:`Cancelled` if dropped."""
-        return self.submit(documents, is_gone).result(timeout)
+        return self.submit(documents, is_gone, context).result(timeout)
 
     def cancel_all(self, reason: str) -> None:
         """Drop every request, queued or in progress, at the worker's next call (the one running
@@ -258,7 +268,7 @@ class Batcher:
         self.stats.batches += 1
         self.stats.max_batch_requests = max(self.stats.max_batch_requests, len(owners))
         try:
-            self._place(batch, self.translator.nbest(_documents(batch)))
+            self._place(batch, self.translator.nbest(*_documents(batch)))
             return
         except Exception as e:  # noqa: BLE001 - handed to the waiting requests
             if len(owners) == 1:
@@ -268,7 +278,7 @@ class Batcher:
         for r in owners:
             mine = [s for s in batch if s.request is r]
             try:
-                self._place(mine, self.translator.nbest(_documents(mine)))
+                self._place(mine, self.translator.nbest(*_documents(mine)))
             except Exception as e1:  # noqa: BLE001
                 self._fail(r, e1)
 
@@ -295,6 +305,11 @@ class Batcher:
             self._active.remove(r)
 
 
-def _documents(slices: list[_Slice]) -> list[list[str]]:
-    """What the translator is given for ``slices``: each part as a document of its own."""
-    return [part.sentences for s in slices for part in s.parts]
+def _documents(slices: list[_Slice]) -> tuple[list[list[str]], Optional[list]]:
+    """What the translator is given for ``slices``: each part as a document of its own, and each
+    part's context (None when no request of the call has any; a part of a document-level model's
+    request is a whole document)."""
+    docs = [part.sentences for s in slices for part in s.parts]
+    if all(s.request.context is None for s in slices):
+        return docs, None
+    return docs, [s.request.context[part.doc] if s.request.context else [] for s in slices for part in s.parts]

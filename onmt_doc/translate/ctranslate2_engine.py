@@ -46,7 +46,7 @@ from onmt_doc.data.tokenizer import Subword
 from onmt_doc.data.vocab import BOS, EOS, EOS_SENT, EOS_SENT_ID, MASK, PAD, SOS, SOS_ID, Vocab
 from onmt_doc.errors import ConfigError, DataError, UserError
 from onmt_doc.translate.search import Hypothesis
-from onmt_doc.translate.translator import ENGINES, EXPORT_INFO, Translator, translator_options
+from onmt_doc.translate.translator import ENGINES, EXPORT_INFO, Forced, Translator, translator_options
 
 INFO_FILE = EXPORT_INFO
 REGISTRY = ENGINES  # what registry_for("engine") reads: torch (translator.py) and ctranslate2 (here)
@@ -151,7 +151,7 @@ def _subword(folder: str, settings: Mapping[str, Any]) -> Subword:
                 model = f.read()
         except OSError as e:
             raise UserError(f"{path}: cannot read the subword model ({e.strerror or e})") from None
-    return Subword(settings["kind"], mode, model)
+    return Subword(settings["kind"], mode, model, settings.get("suffix", ()))  # suffix: a Marian import's </s>
 
 
 def read_export(folder: str) -> tuple[dict, Config, Codec]:
@@ -302,11 +302,15 @@ class CTranslate2Translator(Translator):
         for idx in ordered_batches(examples, self.opt.batch_tokens, True, self.opt.batch_sentences):
             yield [examples[i] for i in idx]
 
-    def _run_translation(self, outputs: list[list], examples: list[Example]) -> Iterator[list[tuple[int, int]]]:
+    def _run_translation(
+        self, outputs: list[list], examples: list[Example], forced: Optional[Forced] = None
+    ) -> Iterator[list[tuple[int, int]]]:
         unit = unit_class(self.model.unit)
-        if unit.has_target_context() and self.opt.force_context_prefix:
-            yield from self._run_prefixed(outputs, examples)
-            return
+        forced = forced or {}
+        if unit.has_target_context():  # as Translator._run_translation: given context targets are forced
+            prefixed, examples = self._split_prefixed(examples, forced)
+            if prefixed:
+                yield from self._run_prefixed(outputs, prefixed, forced)
         src_tokens = self.codec.src_vocab.tokens
         for batch in self._batches_of(examples):
             rows = [(src_tokens(ex.src.tolist()), ex.n_sents, cap) for ex, cap in zip(batch, self._caps(batch))]
@@ -345,13 +349,15 @@ class CTranslate2Translator(Translator):
             j += 1
         return results  # type: ignore[return-value]
 
-    def _run_prefixed(self, outputs: list[list], examples: list[Example]) -> Iterator[list[tuple[int, int]]]:
+    def _run_prefixed(
+        self, outputs: list[list], examples: list[Example], forced: Optional[Forced] = None
+    ) -> Iterator[list[tuple[int, int]]]:
         """``k_to_k`` with ``translate.force_context_prefix``, as :meth:`Translator._run_prefixed`:
         the i-th sentences of all documents together, each window's previous sentences forced as
         the target prefix with the best translations already made of them."""
         unit = unit_class(self.model.unit)
         src_tokens, tgt_tokens = self.codec.src_vocab.tokens, self.codec.tgt_vocab.tokens
-        best: dict[tuple[int, int], list[int]] = {}  # (document, sentence) -> marked output ids
+        best: dict[tuple[int, int], list[int]] = {k: v.tolist() for k, v in (forced or {}).items()}
         waves: dict[int, list[Example]] = {}
         for ex in examples:
             waves.setdefault(ex.first + ex.n_sents - 1, []).append(ex)
@@ -374,7 +380,9 @@ class CTranslate2Translator(Translator):
                     best[ex.doc, ex.first + ex.n_sents - 1] = [SOS_ID, *last, EOS_SENT_ID]
                 yield done
 
-    def _run_scoring(self, outputs: list[list], examples: list[Example], tokens: bool = False) -> Iterator:
+    def _run_scoring(
+        self, outputs: list[list], examples: list[Example], tokens: bool = False, forced: Optional[Forced] = None
+    ) -> Iterator:
         raise UserError(
             f"{self.model.folder}: forced decoding (-score, Translator.score) needs the onmt_doc checkpoint; "
             "a CTranslate2 export only translates"

@@ -5,7 +5,7 @@ decoder's own :meth:`~onmt_doc.decoders.base.Decoder.constrain` restricts them f
 decoder's structure), then the rules below, before the strategy picks continuations:
 
 - :class:`SentenceMarkup`: a row's output is marked sentences, ``<s> w1 … wn </s> <eos>``:
-  ``<s>`` after ``<bos>``, ``<eos>`` after ``</s>`` (every unit whose rows the search frames, i.e.
+  ``<s>`` after ``<bos>``, ``<eos>`` after ``</s>`` and nowhere else (every unit whose rows the search frames, i.e.
   all but ``document``, whose decoder frames its own; not without ``data.sentence_markup``);
 - :class:`SentenceCount` (``k_to_k``): as many sentences as the row's source: ``<s>`` after
   ``</s>`` while sentences are to go, no ``<eos>`` before the last one;
@@ -97,12 +97,20 @@ def _free(like: torch.Tensor) -> torch.Tensor:
 class SentenceMarkup(Rule):
     """Each row's output is ``<s> … </s>`` then ``<eos>``: ``<s>`` forced after ``<bos>`` and
     ``<eos>`` after ``</s>`` (one sentence; :class:`SentenceCount`, later in the list, turns that
-    ``<eos>`` into the next ``<s>`` while a ``k_to_k`` row has sentences to go)."""
+    ``<eos>`` into the next ``<s>`` while a ``k_to_k`` row has sentences to go), and ``<eos>``
+    nowhere else: a sentence is closed by ``</s>``, so a hypothesis is scored on the tokens
+    forced decoding scores (``<s> w1 … wn </s> <eos>``), not on a shorter ``<s> w1 … wn <eos>``."""
 
     def forced(self, step: Step) -> torch.Tensor:
         """See :meth:`Rule.forced`."""
         last = step.last
         return torch.where(last.eq(BOS_ID), SOS_ID, torch.where(last.eq(EOS_SENT_ID), EOS_ID, _free(last)))
+
+    def allowed(self, log_probs: torch.Tensor, step: Step) -> torch.Tensor:
+        """See :meth:`Rule.allowed`: no ``<eos>`` but where it is forced (after ``</s>``, at the cap)."""
+        lp = log_probs.clone()
+        lp[:, EOS_ID] = NEG_INF
+        return lp
 
 
 class SentenceCount(Rule):

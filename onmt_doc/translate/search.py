@@ -33,7 +33,7 @@ import torch
 
 from onmt_doc.config.translate import TranslateConfig
 from onmt_doc.contracts import Batch, LengthLimit
-from onmt_doc.data.vocab import BOS_ID, EOS_ID
+from onmt_doc.data.vocab import BOS_ID, EOS_ID, PAD_ID
 from onmt_doc.models.model import EncoderDecoder
 from onmt_doc.registry import Registry
 from onmt_doc.translate.length_penalty import GNMTPenalty, LengthPenalty, build_length_penalty
@@ -112,10 +112,12 @@ class Search(ABC):
     ) -> list[list[Hypothesis]]:
         """The ``n_best`` hypotheses of every batch row, best first, under the rules the model's
         unit asks for (:func:`~onmt_doc.translate.rules.search_rules`). ``prefix`` [B, P] (padded
-        with ``<pad>``): target tokens forced after ``<bos>``, row by row, keeping their model
-        scores (``k_to_k``'s previous translations); hypotheses start with them, and a row's length
-        cap grows by its prefix length. ``markup``: the model's ``data.sentence_markup`` (false: the
-        batch holds bare sentences of the ``sentence`` unit, and so does the output)."""
+        with ``<pad>``): target tokens forced after ``<bos>``, row by row (``k_to_k``'s previous
+        translations, a request's context translations); hypotheses start with them, a row's length
+        cap grows by its prefix length, and a hypothesis' ``log_prob`` and ``score`` are those of the
+        tokens generated after its prefix (the prefix was given, not chosen). ``markup``: the
+        model's ``data.sentence_markup`` (false: the batch holds bare sentences of the ``sentence``
+        unit, and so does the output)."""
         device, n = batch.src.device, batch.size
         state = model.init_state(model.encode(batch), batch, self.limit)  # one row per sentence: width 1
         caps = model.decoder.max_output_lengths(batch, self.limit).to(device)
@@ -125,6 +127,7 @@ class Search(ABC):
         scores = torch.zeros(n, 1, device=device)
         seqs = torch.full((n, 1), BOS_ID, dtype=torch.long, device=device)
         finished: list[list[Hypothesis]] = [[] for _ in range(n)]
+        given = _Given(prefix, n, device)
         t = 0
         while alive.numel():
             b = alive.numel()
@@ -132,8 +135,9 @@ class Search(ABC):
             step = Step(t, seqs[:, -1], alive.repeat_interleave(width))  # origin: the batch row of each live row
             log_probs = rules.apply(model.decoder.constrain(log_probs, state), step)
             choice = self.select(scores, log_probs.view(b, width, -1))
-            self._collect(finished, alive, choice, seqs, width, t)
+            self._collect(finished, alive, choice, seqs, width, t, given)
             new_scores = choice.scores.gather(1, choice.keep)
+            given.record(alive, new_scores, t)
             new_width = choice.keep.size(1)
             rows = (choice.origin.gather(1, choice.keep) + torch.arange(b, device=device)[:, None] * width).view(-1)
             new_tokens = choice.tokens.gather(1, choice.keep).view(-1, 1)
@@ -163,16 +167,43 @@ class Search(ABC):
         seqs: torch.Tensor,
         width: int,
         t: int,
+        given: "_Given",
     ) -> None:
-        """Record the candidates that end in <eos> as finished hypotheses (length counts <eos>)."""
+        """Record the candidates that end in <eos> as finished hypotheses (length counts <eos>;
+        a forced prefix counts neither in the length nor in the log-probability)."""
         if not choice.ends.any():
             return
-        penalty = float(self.penalty(torch.tensor(float(t + 1))))
         alive_list = alive.tolist()
         for row, j in choice.ends.nonzero().tolist():
-            log_prob = float(choice.scores[row, j])
+            sentence = alive_list[row]
+            log_prob = float(choice.scores[row, j]) - given.log_prob(sentence)
+            penalty = float(self.penalty(torch.tensor(float(t + 1 - given.length(sentence)))))
             src_row = row * width + int(choice.origin[row, j])
-            finished[alive_list[row]].append(Hypothesis(seqs[src_row, 1:].tolist(), log_prob / penalty, log_prob))
+            finished[sentence].append(Hypothesis(seqs[src_row, 1:].tolist(), log_prob / penalty, log_prob))
+
+
+class _Given:
+    """The forced prefix of each batch row: its length and, once forced, its log-probability, so
+    finished hypotheses report what the search chose after it."""
+
+    def __init__(self, prefix: Optional[torch.Tensor], rows: int, device: torch.device) -> None:
+        self.lengths = None if prefix is None else prefix.ne(PAD_ID).sum(1).to(device)  # [B]
+        self.log_probs = torch.zeros(rows, device=device)
+
+    def record(self, alive: torch.Tensor, scores: torch.Tensor, t: int) -> None:
+        """After step ``t``: the rows whose prefix ended there keep their cumulative score (the
+        prefix is forced, so their best live candidate holds it)."""
+        if self.lengths is None:
+            return
+        ended = self.lengths[alive].eq(t + 1)
+        if ended.any():
+            self.log_probs[alive[ended]] = scores[ended, 0].to(self.log_probs.dtype)
+
+    def log_prob(self, row: int) -> float:
+        return 0.0 if self.lengths is None else float(self.log_probs[row])
+
+    def length(self, row: int) -> int:
+        return 0 if self.lengths is None else int(self.lengths[row])
 
 
 @SEARCHES.register("beam", TranslateConfig)

@@ -36,13 +36,22 @@ from onmt_doc.contracts import Batch
 from onmt_doc.data.batching import collate, ordered_batches
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import iter_parallel
-from onmt_doc.data.instances import Example, build_instances, markup_sentences, split_sentences, unit_class
+from onmt_doc.data.instances import (
+    Example,
+    Unit,
+    UnitOptions,
+    mark_sentence,
+    markup_sentences,
+    split_sentences,
+    unit_class,
+)
 from onmt_doc.data.line_splitting import split_line
 from onmt_doc.data.vocab import EOS_SENT_ID, PAD_ID, SOS_ID
 from onmt_doc.errors import ConfigError, UserError
 from onmt_doc.models.model import EncoderDecoder
 from onmt_doc.registry import Registry, closest, registry_for
 from onmt_doc.translate.forced_decoding import TokenScores, sentence_log_probs, sentence_token_log_probs
+from onmt_doc.translate.request_context import Contexts, DocumentWithContext, check_contexts, check_sentence
 from onmt_doc.translate.search import build_search
 
 log = logging.getLogger("onmt_doc")
@@ -115,22 +124,33 @@ def check_documents(documents: Documents, what: str = "documents") -> None:
                 f"to translate one document pass [sentences]"
             )
         for i, sent in enumerate(doc):
-            if not isinstance(sent, str):
-                raise UserError(f"{what}[{d}][{i}]: expected a sentence (str), got {type(sent).__name__}")
-            if not sent.strip():
-                raise UserError(f"{what}[{d}][{i}]: empty sentence (a document is a list of non-blank sentences)")
-            if len(sent.splitlines()) != 1:
-                raise UserError(f"{what}[{d}][{i}]: holds a line break; a sentence is one line")
-            surrogate = _SURROGATE.search(sent)
-            if surrogate:
-                raise UserError(
-                    f"{what}[{d}][{i}]: column {surrogate.start() + 1} holds a lone surrogate "
-                    f"U+{ord(surrogate.group()):04X}, not text (decode input as strict UTF-8)"
-                )
+            check_sentence(sent, f"{what}[{d}][{i}]")
 
 
-# UTF-16 halves, which a str may hold (json.loads("\\ud800"), surrogateescape) but no tokenizer takes
-_SURROGATE = re.compile("[\ud800-\udfff]")
+# context targets given with a request, to force: (document, sentence position) -> marked target ids
+Forced = dict[tuple[int, int], np.ndarray]
+
+
+def forced_prefix(forced: Forced, doc: int, first: int, n: int) -> list[int]:
+    """The target prefix of a row whose ``n`` sentences start at ``first``: the given targets of
+    its leading sentences, as far as they are given (the context comes first in a document)."""
+    ids: list[int] = []
+    for p in range(first, first + n):
+        if (doc, p) not in forced:
+            break
+        ids += forced[doc, p].tolist()
+    return ids
+
+
+def _prefix_tensor(prefixes: list[list[int]]) -> Optional[torch.Tensor]:
+    """[rows, longest] the rows' prefixes padded with ``<pad>`` (the search's ``prefix``); None if all are empty."""
+    longest = max(map(len, prefixes), default=0)
+    if not longest:
+        return None
+    prefix = torch.full((len(prefixes), longest), PAD_ID, dtype=torch.long)
+    for r, ids in enumerate(prefixes):
+        prefix[r, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return prefix
 
 
 def _as_list(value: object) -> list:
@@ -212,30 +232,52 @@ class Translator:
         return cls(model, codec, cfg, opts, device)
 
     # ------------------------------------------------------------------ the API
-    def translate(self, documents: Documents) -> list[list[str]]:
+    def translate(self, documents: Documents, context: Optional[Contexts] = None) -> list[list[str]]:
         """The best translation of every sentence: ``documents`` is a list of documents, each a
-        list of sentences; the result has the same shape (documents translated in context)."""
-        return [[fields[0][0] for fields in doc] for doc in self.nbest(documents)]
+        list of sentences; the result has the same shape (documents translated in context).
+        ``context``: per document, the sentences before it (``request_context.py``)."""
+        return [[fields[0][0] for fields in doc] for doc in self.nbest(documents, context)]
 
-    def nbest(self, documents: Documents) -> list[list[list[tuple[str, float]]]]:
+    def nbest(self, documents: Documents, context: Optional[Contexts] = None) -> list[list[list[tuple[str, float]]]]:
         """``n_best`` (text, score) pairs per sentence, best first. The score is the hypothesis'
         log-probability divided by the length penalty (what the beam ranks by); a document model's
         sentences share their document (window) hypothesis' score; a line translated in pieces
-        (``max_input_tokens``) sums its pieces' scores."""
+        (``max_input_tokens``) sums its pieces' scores. ``context``: per document, its preceding
+        sentences, each a source or a (source, target or None) pair; what the model reads of them
+        is :meth:`context_sides`; forced context targets count in no score (new sentences only)."""
         check_documents(documents)
+        contexts = None if context is None else check_contexts(context, len(documents))
         self.model.eval()
-        items = [[(s, None) for s in d] or None for d in documents]
+        items = self._items([[(s, None) for s in d] for d in documents], contexts)
         return [out or [] for out in self._process(items, self._run_translation, with_target=False)]
 
-    def score(self, documents: Documents, references: Documents) -> list[list[float]]:
+    def score(
+        self, documents: Documents, references: Documents, context: Optional[Contexts] = None
+    ) -> list[list[float]]:
         """Forced decoding: the log-probability of each reference sentence given its source
-        document, in the same shape (the numbers ``onmt_doc_translate -score`` prints)."""
+        document, in the same shape (the numbers ``onmt_doc_translate -score`` prints). With
+        ``context`` (as :meth:`nbest`), the documents' new sentences only are scored, in the
+        instances a whole document would put them in; a model reading context targets needs them."""
         check_documents(documents)
         check_documents(references, "references")
         if [len(d) for d in documents] != [len(r) for r in references]:
             raise UserError("references: need one reference sentence per source sentence, document by document")
-        items = [list(zip(d, r)) or None for d, r in zip(documents, references)]
+        contexts = None if context is None else check_contexts(context, len(documents))
+        items = self._items([list(zip(d, r)) for d, r in zip(documents, references)], contexts)
         return [[float(x) for x in out] if out else [] for out in self.score_items(items, exact=True)]
+
+    def context_sides(self) -> tuple[str, ...]:
+        """What this model reads of a request's context: ``("src", "tgt")``, ``("src",)`` or ``()``
+        (a sentence model: the context is not used). See ``Unit.context_sides``."""
+        return unit_class(self.model.unit).context_sides()
+
+    @staticmethod
+    def _items(docs: list[list[tuple]], contexts: Optional[list[list[tuple]]]) -> list[Optional[list]]:
+        """The translator's items: each document's pairs (with its context, if any); None for an
+        empty document."""
+        if contexts is None:
+            return [d or None for d in docs]
+        return [DocumentWithContext(d, c) if d else None for d, c in zip(docs, contexts)]
 
     # ------------------------------------------------------------------ shared machinery
     def _split_long(self, ids: np.ndarray) -> list[np.ndarray]:
@@ -262,18 +304,84 @@ class Translator:
             i += len(d)
         return tok_docs, pieces
 
-    def _instances(self, tok_docs: list[list[tuple]]) -> list[Example]:
+    def _unit(self) -> Unit:
+        """The model's unit with the options translation builds instances with: documents
+        windowed to ``data.max_tokens`` (HM-GDC: ``translate.window_sentences``)."""
         data = self.cfg.data
-        examples, _ = build_instances(
-            self.model.unit,
-            tok_docs,
-            data.max_tokens,
+        options = UnitOptions(
+            max_tokens=data.max_tokens,
             max_sentences=self.opt.window_sentences or data.max_sentences,
             window_tokens=data.max_tokens,
             context_sentences=data.context_sentences,
             sentence_markup=data.sentence_markup,
         )
+        return unit_class(self.model.unit, "unit")(options)
+
+    def _instances(self, tok_docs: list[list[tuple]]) -> list[Example]:
+        examples, _ = self._unit().instances(tok_docs)
         return examples
+
+    def _context(
+        self, docs: list[list], tok_docs: list[list[tuple]], with_target: bool
+    ) -> tuple[list[list[tuple]], Forced]:
+        """The tokenized context each document keeps (the unit's window, ``Unit.context_kept``),
+        as pairs to put before it, and the context targets to force (translation, a unit reading
+        them): (document, position) -> marked ids. Scoring gives a context sentence without a
+        target an empty one (scored only where the model reads no context target, and dropped)."""
+        unit, sides, most = self._unit(), self.context_sides(), self._context_limit()
+        given = [(getattr(d, "context", None) or [])[-most:] if most else [] for d in docs]
+        flat = [p for c in given for p in c]
+        srcs = self.codec.encode([s for s, _ in flat], "src")
+        known = [t is not None and ("tgt" in sides or with_target) for _, t in flat]
+        tgts = iter(self.codec.encode([t for (_, t), k in zip(flat, known) if k], "tgt"))
+        tok = [(s, next(tgts) if k else None) for s, k in zip(srcs, known)]
+        pairs: list[list[tuple]] = []
+        forced: Forced = {}
+        i = 0
+        for d, ctx in enumerate(given):
+            mine = tok[i : i + len(ctx)]
+            i += len(ctx)
+            first = len(tok_docs[d][0][0])
+            mine = mine[len(mine) - unit.context_kept([len(s) for s, _ in mine], first) :]
+            if with_target:
+                if "tgt" in sides and any(t is None for _, t in mine):
+                    j = len(given[d]) - len(mine) + next(k for k, (_, t) in enumerate(mine) if t is None)
+                    raise UserError(
+                        f"context[{d}][{j}]: no target; scoring with a {self.model.unit} model, which reads "
+                        "its context's translations, needs them"
+                    )
+                pairs.append([(s, t if t is not None else np.zeros(0, dtype=np.int64)) for s, t in mine])
+            else:
+                pairs.append([(s, None) for s, _ in mine])
+                forced.update({(d, p): mark_sentence(t) for p, (_, t) in enumerate(mine) if t is not None})
+        return pairs, forced
+
+    def _context_limit(self) -> int:
+        """The most preceding sentences any instance of this model may hold (0: it reads none): a
+        bound taken before tokenizing; ``Unit.context_kept`` then decides on their lengths (a
+        marked sentence has at least 3 tokens, so ``max_tokens // 3`` bounds a token window)."""
+        if not self.context_sides():
+            return 0
+        data = self.cfg.data
+        return max(data.max_tokens // 3, data.context_sentences, data.max_sentences, self.opt.window_sentences)
+
+    def _needed(self, examples: list[Example], n_context: list[int], forced: Forced, scoring: bool) -> list[bool]:
+        """Whether each instance produces an output besides the context's: a new sentence's, or
+        (``k_to_k`` forcing its context) a context sentence's translation that a later prefix needs."""
+        unit = unit_class(self.model.unit)
+        prefixed = set(range(len(n_context))) if self.opt.force_context_prefix else {d for d, _ in forced}
+        needed = []
+        for ex in examples:
+            outputs = range(ex.first, ex.first + ex.n_sents) if ex.sent_lens is not None else None
+            positions = outputs or unit.output_sentences(ex.first, ex.n_sents)
+            needed.append(
+                any(
+                    p >= n_context[ex.doc]
+                    or (not scoring and unit.has_target_context() and ex.doc in prefixed and (ex.doc, p) not in forced)
+                    for p in positions
+                )
+            )
+        return needed
 
     def _process(
         self, items: Iterable[Optional[list]], run: Callable[[list, list[Example]], Iterator], with_target: bool
@@ -292,25 +400,41 @@ class Translator:
     def _flush(self, items: list, run: Callable, with_target: bool) -> Iterator[Optional[list]]:
         docs = [d for d in items if d]
         tok_docs, pieces = self._encode(docs, with_target) if docs else ([], [])
+        examples, forced, n_context = [], {}, [0] * len(docs)
+        if any(getattr(d, "context", None) for d in docs):  # context before the documents
+            context, forced = self._context(docs, tok_docs, with_target)
+            n_context = [len(c) for c in context]
+            tok_docs = [c + d for c, d in zip(context, tok_docs)]
+            pieces = [[1] * len(c) + p for c, p in zip(context, pieces)]
         outputs: list[list] = [[None] * len(d) for d in tok_docs]
         remaining = [len(d) for d in tok_docs]
+        if docs:
+            examples = self._instances(tok_docs)
+        if any(n_context):  # instances giving only context outputs are not run: their slots are done
+            needed = self._needed(examples, n_context, forced, with_target)
+            unit = unit_class(self.model.unit)
+            for ex, keep in zip(examples, needed):
+                if not keep:
+                    remaining[ex.doc] -= (
+                        ex.n_sents if ex.sent_lens is not None else len(unit.output_sentences(ex.first, ex.n_sents))
+                    )
+            examples = [ex for ex, keep in zip(examples, needed) if keep]
         doc_of_item = []
         k = 0
         for item in items:
             doc_of_item.append(k if item else None)
             k += 1 if item else 0
         next_item = 0
-        examples = self._instances(tok_docs) if docs else []
-        for done_docs in run(outputs, examples):
+        for done_docs in run(outputs, examples, forced=forced):
             for d, n in done_docs:
                 remaining[d] -= n
             while next_item < len(items) and (doc_of_item[next_item] is None or remaining[doc_of_item[next_item]] == 0):
                 d = doc_of_item[next_item]
-                yield None if d is None else self._join(outputs[d], pieces[d])
+                yield None if d is None else self._join(outputs[d][n_context[d] :], pieces[d][n_context[d] :])
                 next_item += 1
         for i in range(next_item, len(items)):
             d = doc_of_item[i]
-            yield None if d is None else self._join(outputs[d], pieces[d])
+            yield None if d is None else self._join(outputs[d][n_context[d] :], pieces[d][n_context[d] :])
 
     @staticmethod
     def _join(outputs: list[list], counts: list[int]) -> list[list]:
@@ -373,28 +497,46 @@ class Translator:
         return len(positions)
 
     @torch.no_grad()
-    def _run_translation(self, outputs: list[list], examples: list[Example]) -> Iterator[list[tuple[int, int]]]:
+    def _run_translation(
+        self, outputs: list[list], examples: list[Example], forced: Optional[Forced] = None
+    ) -> Iterator[list[tuple[int, int]]]:
+        """Translate ``examples`` into ``outputs``; ``forced``: context targets given with the
+        request, forced as the target prefix of the instances that hold them."""
         unit = unit_class(self.model.unit)
-        if unit.has_target_context() and self.opt.force_context_prefix:
-            yield from self._run_prefixed(outputs, examples)
-            return
+        forced = forced or {}
+        if unit.has_target_context():
+            prefixed, examples = self._split_prefixed(examples, forced)
+            if prefixed:
+                yield from self._run_prefixed(outputs, prefixed, forced)
         markup = self.cfg.data.sentence_markup
         for idx, batch in self._batches(examples, by_source_only=True):
             done = []
-            hyps_of_rows = self.search.search(self.model, batch, markup=markup)
-            for (ex, first, n), hyps in zip(self._rows(idx, batch, examples), hyps_of_rows):
+            rows = list(self._rows(idx, batch, examples))
+            prefix = _prefix_tensor([forced_prefix(forced, ex.doc, first, n) for ex, first, n in rows])
+            hyps_of_rows = self.search.search(self.model, batch, prefix=prefix, markup=markup)
+            for (ex, first, n), hyps in zip(rows, hyps_of_rows):
                 lines = self._hypothesis_lines(hyps, n)  # every sentence, so the stats count them all
                 done.append((ex.doc, self._place(outputs[ex.doc], unit.output_sentences(first, n), first, lines)))
             yield done
 
-    def _run_prefixed(self, outputs: list[list], examples: list[Example]) -> Iterator[list[tuple[int, int]]]:
+    def _split_prefixed(self, examples: list[Example], forced: Forced) -> tuple[list[Example], list[Example]]:
+        """The examples of a unit with target context (``k_to_k``) translated sentence by sentence
+        with their context forced (``translate.force_context_prefix``, or a document whose context
+        targets were given), and the others."""
+        docs = {d for d, _ in forced}
+        prefixed = [ex for ex in examples if self.opt.force_context_prefix or ex.doc in docs]
+        return prefixed, [ex for ex in examples if not (self.opt.force_context_prefix or ex.doc in docs)]
+
+    def _run_prefixed(
+        self, outputs: list[list], examples: list[Example], forced: Optional[Forced] = None
+    ) -> Iterator[list[tuple[int, int]]]:
         """A unit whose target holds its context sentences (``k_to_k``) with
-        ``translate.force_context_prefix``: sentence by sentence within each document (the i-th
-        sentences of all buffered documents in one pass), each example's previous sentences forced
-        as the target prefix with the model's own (best) translations of them, so only the last
-        sentence is generated."""
+        ``translate.force_context_prefix`` or context targets given (``forced``): sentence by
+        sentence within each document (the i-th sentences of all buffered documents in one pass),
+        each example's previous sentences forced as the target prefix with the given targets or
+        the model's own (best) translations of them, so only the last sentence is generated."""
         unit = unit_class(self.model.unit)
-        best: dict[tuple[int, int], list[int]] = {}  # (document, sentence) -> marked output ids
+        best: dict[tuple[int, int], list[int]] = {k: v.tolist() for k, v in (forced or {}).items()}
         waves: dict[int, list[Example]] = {}
         for ex in examples:
             waves.setdefault(ex.first + ex.n_sents - 1, []).append(ex)
@@ -403,9 +545,7 @@ class Translator:
             for idx, batch in self._batches(wave, by_source_only=True):
                 rows = list(self._rows(idx, batch, wave))
                 context = [[t for j in range(first, first + n - 1) for t in best[ex.doc, j]] for ex, first, n in rows]
-                prefix = torch.full((len(rows), max(map(len, context))), PAD_ID, dtype=torch.long)
-                for r, ids in enumerate(context):
-                    prefix[r, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+                prefix = _prefix_tensor(context)
                 done = []
                 for (ex, first, n), hyps in zip(rows, self.search.search(self.model, batch, prefix=prefix)):
                     lines = self._hypothesis_lines(hyps, n)
@@ -421,6 +561,30 @@ class Translator:
         for out in self._process(items, self._run_translation, with_target=False):
             yield None if out is None else ["\t".join(text for text, _ in line) for line in out]
 
+    def translate_stream(self, lines: Iterable[str]) -> Iterator[str]:
+        """Translate a stream of lines one at a time, each as soon as it is read (subtitles, chat,
+        ``onmt_doc_translate -stream``): every line is a new sentence of the current document,
+        translated with the document's earlier lines and their translations as its context (the
+        model's own window of it, as :meth:`nbest`'s ``context``); a blank line ends the document
+        (written as a blank line). Yields each output line: the n-best texts joined with a tab."""
+        self.model.eval()
+        self.stats = TranslationStats()
+        context: list[tuple[str, str]] = []  # the current document's lines and their best translations
+        most, in_document = self._context_limit(), False
+        for line in lines:
+            if not line.strip():
+                self.stats.documents += in_document
+                context, in_document = [], False
+                yield ""
+                continue
+            item = DocumentWithContext([(line, None)], context)
+            out = next(self._flush([item], self._run_translation, with_target=False))[0]
+            context = (context + [(line, out[0][0])])[-most:] if most else []
+            self.stats.sentences += 1
+            in_document = True
+            yield "\t".join(text for text, _ in out)
+        self.stats.documents += in_document
+
     def translate_documents(self, docs: Documents) -> list[list[str]]:
         """Translate in-memory documents (lists of source sentences) into output lines (n-best
         fields tab-separated, as in files); :meth:`translate` gives the best only."""
@@ -429,7 +593,7 @@ class Translator:
     # ------------------------------------------------------------------ forced decoding
     @torch.no_grad()
     def _run_scoring(
-        self, outputs: list[list], examples: list[Example], tokens: bool = False
+        self, outputs: list[list], examples: list[Example], tokens: bool = False, forced: Optional[Forced] = None
     ) -> Iterator[list[tuple[int, int]]]:
         """Each sentence's log-probability, or (``tokens``) its tokens' (id, log-probability) list."""
         unit = unit_class(self.model.unit)
