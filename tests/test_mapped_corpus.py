@@ -179,6 +179,31 @@ def test_workers_give_byte_identical_caches_and_documents_as_read(tmp_path):
         ]
 
 
+def test_workers_end_with_the_pool_and_never_run_the_trainers_signal_handler(tmp_path):
+    """Binarizing inside a training process (here a fresh interpreter, as a run is): the forked
+    workers inherit its SIGTERM handler (the trainer's only asks for a checkpoint at the next
+    step). They must end with the pool, never run that handler (which logged "SIGTERM received" at
+    every training start and kept the worker alive, so the pool's exit could hang)."""
+    src, tgt = synthetic(tmp_path / "c", 1500)
+    script = f"""
+import multiprocessing, os, signal, sys
+import torch  # noqa: F401  (a training process has it)
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from model_helpers import toy_codec
+from onmt_doc.data.cache import binarize
+from onmt_doc.data.cache import _init_worker
+signal.signal(signal.SIGTERM, lambda *_: print("handler ran in", os.getpid(), flush=True))
+binarize({src!r}, {tgt!r}, toy_codec(), True, 0, {str(tmp_path / "cache")!r}, workers=2, chunk_lines=300)
+print("children left:", len(multiprocessing.active_children()), flush=True)
+_init_worker(toy_codec().to_dict())  # what each worker runs first: the inherited handler is gone
+print("worker SIGTERM default:", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, flush=True)
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["children left: 0", "worker SIGTERM default: True"], r.stdout
+
+
 def test_a_misaligned_line_deep_inside_is_refused_and_leaves_no_cache(tmp_path):
     """A blank line on one side only at line 2501 (in the fourth chunk, workers busy) names the
     file and line; the cache folder holds nothing afterwards, not even a half-written one."""

@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import re
 import shutil
+import signal
 from collections import deque
 from itertools import chain
 from typing import Iterator, Optional
@@ -113,7 +114,13 @@ _WORKER_CODEC: Optional[Codec] = None
 
 
 def _init_worker(codec: dict) -> None:
+    """A tokenizing worker: the codec, and the default signal handling. A forked worker inherits the
+    trainer's SIGTERM/SIGINT handlers (which only ask for a checkpoint at the next step), so without
+    this it would log "SIGTERM received" and outlive the pool that terminates it; Ctrl-C is the
+    parent's to handle (it ends the pool)."""
     global _WORKER_CODEC
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _WORKER_CODEC = Codec.from_dict(codec)
 
 
@@ -150,6 +157,8 @@ def _encoded(codec: Codec, chunks: Iterator[Chunk], workers: int) -> Iterator[tu
         while pending:
             result, done_sizes = pending.popleft()
             yield result.get(), done_sizes
+        pool.close()  # every chunk is done: let the workers end rather than be terminated
+        pool.join()
 
 
 def binarize(
