@@ -361,10 +361,16 @@ class IndexedExamples(Sequence[Example]):
         return h.hexdigest()
 
 
+# corpora up to this many ids (both sides) keep the Examples they made: a few tens of MB at most,
+# and a small corpus is read for many epochs, where making them again each batch costs ~20% of a
+# small model's training step on the CPU; a larger corpus makes each when its batch is collated
+MEMO_IDS = 2_000_000
+
+
 class MappedExamples(IndexedExamples):
     """A unit's instances of a :class:`MappedCorpus` as two index arrays (8 bytes each per
     instance); ``examples[i]`` is the :class:`Example` ``Unit.instances`` would give at index i,
-    made from the mapped ids when asked for."""
+    made from the mapped ids when asked for (and kept, for a corpus of at most :data:`MEMO_IDS` ids)."""
 
     def __init__(self, corpus: MappedCorpus, unit: str, options: UnitOptions) -> None:
         if unit not in MAPPED_UNITS:
@@ -373,6 +379,7 @@ class MappedExamples(IndexedExamples):
         self.a, self.b, self.dropped = instance_bounds(corpus, unit, options)
         self.markup = options.sentence_markup or unit != "sentence"
         self.has_rows = unit == "context" and len(self.a) > 0
+        self._memo: Optional[dict[int, Example]] = {} if len(corpus.src) + len(corpus.tgt) <= MEMO_IDS else None
 
     def __len__(self) -> int:
         return len(self.a)
@@ -383,6 +390,15 @@ class MappedExamples(IndexedExamples):
     def __getitem__(self, i: Union[int, slice]) -> Union[Example, list[Example]]:  # type: ignore[override]
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
+        if self._memo is None:
+            return self._make(int(i))
+        i = int(i) if i >= 0 else len(self) + int(i)
+        if i not in self._memo:
+            self._memo[i] = self._make(i)
+        return self._memo[i]
+
+    def _make(self, i: int) -> Example:
+        """The Example at index ``i``, read from the mapped ids."""
         a, b = int(self.a[i]), int(self.b[i])
         c = self.corpus
         d = self._doc(a)
