@@ -156,3 +156,22 @@ def describe_import(source: str, output: str, payload: dict, markup: bool, detai
         f"{m['encoder']['layers']}+{m['decoder']['layers']} layers, {detail}"
         f"{len(payload['codec']['tgt_vocab'])} target entries, sentence markup {'on' if markup else 'off'}"
     )
+
+
+def add_import_flags(p: argparse.ArgumentParser, source: str) -> None:
+    """The flags every importer shares: ``-sentence_markup`` and ``-force`` (``source``: the
+    toolkit whose model is imported, as the help names it)."""
+    p.add_argument(
+        "-sentence_markup",
+        "--sentence_markup",
+        action="store_true",
+        help="write data.sentence_markup: true (onmt_doc's <s> … </s> around each sentence, which the "
+        f"{source} model never saw: lower BLEU as is) for fine-tuning into a document model",
+    )
+    p.add_argument(
+        "-force",
+        "--force",
+        action="store_true",
+        help="overwrite -output if it exists; replace the vocabulary of a -run_dir that has checkpoints "
+        "(the old files are kept as <name>.backup-<time>)",
+    )

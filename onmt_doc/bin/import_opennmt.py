@@ -17,7 +17,7 @@ import contextlib
 import sys
 from typing import Optional
 
-from onmt_doc.bin.common import ArgumentParser, describe_import, run, run_folder_lock
+from onmt_doc.bin.common import ArgumentParser, add_import_flags, describe_import, run, run_folder_lock
 from onmt_doc.convert.opennmt import import_opennmt
 from onmt_doc.outputs import check_writable_target, refuse_inputs
 
@@ -53,20 +53,7 @@ def _main(argv: Optional[list[str]] = None) -> int:
         help="also write the subword model(s) and vocabularies here, as a run folder (log.dir) holds them, "
         "to fine-tune the model with train.init_from",
     )
-    p.add_argument(
-        "-sentence_markup",
-        "--sentence_markup",
-        action="store_true",
-        help="write data.sentence_markup: true (onmt_doc's <s> … </s> around each sentence, which the "
-        "OpenNMT-py model never saw: lower BLEU as is) for fine-tuning into a document model",
-    )
-    p.add_argument(
-        "-force",
-        "--force",
-        action="store_true",
-        help="overwrite -output if it exists; replace the vocabulary of a -run_dir that has checkpoints "
-        "(the old files are kept as <name>.backup-<time>)",
-    )
+    add_import_flags(p, "OpenNMT-py")
     args = p.parse_args(argv)
     inputs = [
         ("-model", args.model),
