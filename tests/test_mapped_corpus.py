@@ -191,11 +191,12 @@ import torch  # noqa: F401  (a training process has it)
 sys.path.insert(0, {str(Path(__file__).parent)!r})
 from model_helpers import toy_codec
 from onmt_doc.data.cache import binarize
-from onmt_doc.data.cache import _init_worker
+from onmt_doc.data.codec import Codec
+from onmt_doc.data.workers import _init
 signal.signal(signal.SIGTERM, lambda *_: print("handler ran in", os.getpid(), flush=True))
 binarize({src!r}, {tgt!r}, toy_codec(), True, 0, {str(tmp_path / "cache")!r}, workers=2, chunk_lines=300)
 print("children left:", len(multiprocessing.active_children()), flush=True)
-_init_worker(toy_codec().to_dict())  # what each worker runs first: the inherited handler is gone
+_init(Codec.from_dict, toy_codec().to_dict())  # what each worker runs first: the inherited handler is gone
 print("worker SIGTERM default:", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, flush=True)
 """
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,

@@ -1,10 +1,11 @@
 """Data at WMT scale (issue 30): peak memory and time of preparing and starting to train on a large
-synthetic corpus. Per corpus size: ``onmt_doc_build_vocab``, binarization into the mapped cache with
-each number of workers (the caches compared byte for byte), and a training process from start to its
-last step (``max_steps``) on the cached corpus. Each phase runs in a fresh interpreter
-(:data:`PHASE`) that reports its own peak resident memory (``ru_maxrss``: mapped file pages it
-touched included, which are shared and reclaimable; ``rss_anon_mib`` at the end is its private
-memory), its worker processes' largest peak, wall and CPU time."""
+synthetic corpus. Per corpus size: ``onmt_doc_build_vocab`` (counting on the last worker count),
+binarization into the mapped cache with each number of workers (the caches compared byte for byte),
+and a training process from start to its last step (``max_steps``) on the cached corpus, alone and
+as 2 torchrun processes (Gloo). Each phase runs in a fresh interpreter (:data:`PHASE`) that reports
+its own peak resident memory (``ru_maxrss``: mapped file pages it touched included, which are shared
+and reclaimable; ``rss_anon_mib`` at the end is its private memory), its worker processes' largest
+peak, wall and CPU time (its workers' included)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ else:
 t1, c1 = time.time(), os.times()
 status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
 print("PHASE " + json.dumps({
-    "exit": code or 0, "wall_s": round(t1 - t0, 2),
+    "rank": int(os.environ.get("RANK", "0")), "exit": code or 0, "wall_s": round(t1 - t0, 2),
     "cpu_s": round(sum(c1[:4]) - sum(c0[:4]), 2),
     "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     "workers_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1),
@@ -57,7 +58,8 @@ print("PHASE " + json.dumps({
 class DataScaleParams:
     pairs: list[int] = field(default_factory=lambda: [1_000_000, 4_000_000, 10_000_000])
     workers: list[int] = field(default_factory=lambda: [1, 2])
-    phases: list[str] = field(default_factory=lambda: ["build_vocab", "binarize", "train"])
+    # train_ddp: the same training in 2 torchrun processes (Gloo), each process's own peak
+    phases: list[str] = field(default_factory=lambda: ["build_vocab", "binarize", "train", "train_ddp"])
     vocab_size: int = 8000
     sample_lines: int = 1_000_000  # vocab.sample_lines
     train_steps: int = 20
@@ -69,12 +71,20 @@ class DataScaleParams:
     vocab_from: str = ""  # a run folder whose subword.model and vocab.txt to use (phases without build_vocab)
 
 
-def run_phase(ctx: StageContext, args: dict, log: str) -> dict:
-    """One phase in its own interpreter (OMP_NUM_THREADS from the params); its report line."""
+def run_phase(ctx: StageContext, args: dict, log: str, processes: int = 1) -> dict:
+    """One phase in its own interpreter (OMP_NUM_THREADS from the params), or in ``processes``
+    torchrun processes; its report line (several processes: the largest peak, and each rank's)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(args.pop("threads"))}
+    command = [sys.executable, "-c", PHASE, json.dumps(args)]
+    if processes > 1:
+        script = os.path.join(ctx.work_dir(), "phase.py")
+        with open(script, "w", encoding="utf-8") as f:
+            f.write(PHASE)
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
+        command = [*launcher, script, json.dumps(args)]
     with open(log, "a", encoding="utf-8") as err:
         out = subprocess.run(
-            [sys.executable, "-c", PHASE, json.dumps(args)],
+            command,
             cwd=ctx.repo,
             env=env,
             stdout=subprocess.PIPE,
@@ -82,10 +92,20 @@ def run_phase(ctx: StageContext, args: dict, log: str) -> dict:
             text=True,
             timeout=max(ctx.seconds_left(), 1),
         )
-    lines = [x for x in out.stdout.splitlines() if x.startswith("PHASE ")]
-    if out.returncode or not lines:
+    rows = [json.loads(x[len("PHASE ") :]) for x in out.stdout.splitlines() if x.startswith("PHASE ")]
+    if out.returncode or len(rows) < processes:
         return {"error": f"exit {out.returncode}; see {log}"}
-    return json.loads(lines[-1][len("PHASE ") :])
+    if processes == 1:
+        return {k: v for k, v in rows[-1].items() if k != "rank"}
+    rows.sort(key=lambda r: r["rank"])
+    return {
+        "processes": processes,
+        "peak_rss_mib": max(r["peak_rss_mib"] for r in rows),
+        "rss_anon_mib": max(r["rss_anon_mib"] for r in rows),
+        "wall_s": max(r["wall_s"] for r in rows),
+        "cpu_s": round(sum(r["cpu_s"] for r in rows), 2),
+        "per_rank_peak_rss_mib": [r["peak_rss_mib"] for r in rows],
+    }
 
 
 def write_config(path: str, raw: dict) -> str:
@@ -116,6 +136,7 @@ def run_config(ctx: StageContext, p: DataScaleParams, pairs: int, data: str, cac
             "train": {"src": os.path.join(data, "train.en"), "tgt": os.path.join(data, "train.de")},
             "documents": False,
             "cache_dir": cache_dir,
+            "workers": p.workers[-1],  # build_vocab's counting (binarization is given its number)
         },
         "vocab": {"subword": "bpe", "size": p.vocab_size, "shared": True, "sample_lines": p.sample_lines},
         "model": {
@@ -181,7 +202,8 @@ def data_scale(p: DataScaleParams, ctx: StageContext) -> None:
                 shutil.copyfile(os.path.join(p.vocab_from, name), os.path.join(ctx.work_dir(f"run_{pairs}"), name))
         base = {"config": config, "threads": p.threads}
         if "build_vocab" in p.phases:
-            ctx.record(pairs=pairs, phase="build_vocab", **run_phase(ctx, {**base, "phase": "build_vocab"}, log))
+            row = run_phase(ctx, {**base, "phase": "build_vocab"}, log)
+            ctx.record(pairs=pairs, phase="build_vocab", workers=p.workers[-1], **row)
         if "binarize" in p.phases:
             for w in p.workers:
                 row = run_phase(ctx, {**base, "phase": "binarize", "workers": w, "cache_dir": caches[w]}, log)
@@ -194,3 +216,6 @@ def data_scale(p: DataScaleParams, ctx: StageContext) -> None:
         if "train" in p.phases:
             row = run_phase(ctx, {**base, "phase": "train"}, log)
             ctx.record(pairs=pairs, phase=f"train to step {p.train_steps}", **row)
+        if "train_ddp" in p.phases:
+            row = run_phase(ctx, {**base, "phase": "train"}, log, processes=2)
+            ctx.record(pairs=pairs, phase=f"train to step {p.train_steps}, 2 processes", **row)

@@ -127,8 +127,9 @@ class DataConfig:
     cache_dir: Optional[str] = option(None, "binarized data cache; `null` = `<log.dir>/cache`")
     workers: int = option(
         0,
-        "processes that tokenize while a corpus is binarized (0 = min(4, CPU cores)); the cache is the same "
-        "bytes whatever the number; see [data.md](data.md#binarization-streamed-on-every-core)",
+        "processes that tokenize while the vocabulary is counted and a corpus is binarized (0 = min(4, CPU "
+        "cores)); the vocabulary and the cache are the same bytes whatever the number; see "
+        "[data.md](data.md#binarization-streamed-on-every-core)",
         minimum=0,
     )
     sentence_markup: bool = option(

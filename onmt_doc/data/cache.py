@@ -11,13 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import multiprocessing
 import os
 import re
 import shutil
-import signal
-from collections import deque
-from itertools import chain
 from typing import Iterator, Optional
 
 import numpy as np
@@ -26,6 +22,7 @@ from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import iter_aligned, read_parallel
 from onmt_doc.data.mapped import MappedCorpus, MappedWriter, flatten, open_mapped
 from onmt_doc.data.progress import Progress
+from onmt_doc.data.workers import default_workers, ordered_map
 from onmt_doc.outputs import output_folder
 
 log = logging.getLogger("onmt_doc")
@@ -58,12 +55,6 @@ def cache_key(src: str, tgt: str, codec: Codec, documents: bool) -> str:
 
 
 CHUNK_LINES = 10_000  # line pairs tokenized per task: memory holds a few chunks, not the corpus
-
-
-def default_workers() -> int:
-    """``data.workers: 0``: min(4, CPU cores): binarization is a one-off pass and training may share
-    the machine; more cores help little once reading the files is the bottleneck."""
-    return min(4, os.cpu_count() or 1)
 
 
 def count_lines(path: str) -> int:
@@ -110,55 +101,9 @@ def _chunks(
         yield src_lines, tgt_lines, sizes
 
 
-_WORKER_CODEC: Optional[Codec] = None
-
-
-def _init_worker(codec: dict) -> None:
-    """A tokenizing worker: the codec, and the default signal handling. A forked worker inherits the
-    trainer's SIGTERM/SIGINT handlers (which only ask for a checkpoint at the next step), so without
-    this it would log "SIGTERM received" and outlive the pool that terminates it; Ctrl-C is the
-    parent's to handle (it ends the pool)."""
-    global _WORKER_CODEC
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _WORKER_CODEC = Codec.from_dict(codec)
-
-
-def _encode(codec: Codec, src_lines: list[str], tgt_lines: list[str]) -> Encoded:
-    return flatten(codec.encode(src_lines, "src")), flatten(codec.encode(tgt_lines, "tgt"))
-
-
-def _encode_in_worker(src_lines: list[str], tgt_lines: list[str]) -> Encoded:
-    assert _WORKER_CODEC is not None
-    return _encode(_WORKER_CODEC, src_lines, tgt_lines)
-
-
-def _encoded(codec: Codec, chunks: Iterator[Chunk], workers: int) -> Iterator[tuple[Encoded, list[int]]]:
-    """Each chunk tokenized and encoded, in the chunks' order: in this process, or by ``workers``
-    processes with at most two chunks each in flight (so memory stays bounded whatever the
-    corpus). A corpus of one chunk starts no process."""
-    first = next(chunks, None)
-    if first is None:
-        return
-    second = next(chunks, None)
-    if workers <= 1 or second is None:
-        for src_lines, tgt_lines, sizes in (c for c in (first, second) if c is not None):
-            yield _encode(codec, src_lines, tgt_lines), sizes
-        for src_lines, tgt_lines, sizes in chunks:
-            yield _encode(codec, src_lines, tgt_lines), sizes
-        return
-    pending: deque = deque()
-    with multiprocessing.get_context().Pool(workers, _init_worker, (codec.to_dict(),)) as pool:
-        for src_lines, tgt_lines, sizes in chain([first, second], chunks):
-            pending.append((pool.apply_async(_encode_in_worker, (src_lines, tgt_lines)), sizes))
-            if len(pending) >= 2 * workers:
-                result, done_sizes = pending.popleft()
-                yield result.get(), done_sizes
-        while pending:
-            result, done_sizes = pending.popleft()
-            yield result.get(), done_sizes
-        pool.close()  # every chunk is done: let the workers end rather than be terminated
-        pool.join()
+def _encode(codec: Codec, src_lines: list[str], tgt_lines: list[str], sizes: list[int]) -> tuple[Encoded, list[int]]:
+    """A chunk's ids (flat arrays and lengths per side), with the sizes of the documents it ends."""
+    return (flatten(codec.encode(src_lines, "src")), flatten(codec.encode(tgt_lines, "tgt"))), sizes
 
 
 def binarize(
@@ -180,7 +125,8 @@ def binarize(
         writer = MappedWriter(staging)
         try:
             chunks = _chunks(src, tgt, documents, max_chars, chunk_lines, progress)
-            for (src_ids, tgt_ids), sizes in _encoded(codec, chunks, workers):
+            encoded = ordered_map(_encode, codec, Codec.from_dict, codec.to_dict(), chunks, workers)
+            for (src_ids, tgt_ids), sizes in encoded:
                 writer.add_sentences(src_ids, tgt_ids)
                 writer.add_documents(sizes)
         except BaseException:

@@ -29,6 +29,7 @@ from onmt_doc.data.mapped import MAPPED_UNITS, MappedCorpus, MappedExamples
 from onmt_doc.data.progress import Progress
 from onmt_doc.data.tokenizer import Subword
 from onmt_doc.data.vocab import Vocab
+from onmt_doc.data.workers import default_workers, ordered_map
 from onmt_doc.errors import ConfigError, UserError
 from onmt_doc.outputs import Input, input_problem, make_folders, write_bytes
 
@@ -110,16 +111,26 @@ def sample_lines(lines: Iterable[str], limit: int, seed: int = SAMPLE_SEED) -> l
     return [line for _, line in sorted(reservoir)]
 
 
-def count_tokens(subword: Subword, lines: Iterable[str], what: str, total: int = 0) -> Counter:
-    """Token counts of ``lines`` under ``subword``, tokenized in chunks of COUNT_CHUNK lines so that
-    memory holds one chunk and the counts, not the corpus; a progress line every ``progress.PROGRESS_SECONDS``."""
+def _count(subword: Subword, lines: list[str]) -> tuple[int, Counter]:
+    """A chunk's line count and token counts."""
+    counts: Counter = Counter()
+    for toks in subword.tokenize_batch(lines):
+        counts.update(toks)
+    return len(lines), counts
+
+
+def count_tokens(subword: Subword, lines: Iterable[str], what: str, total: int = 0, workers: int = 1) -> Counter:
+    """Token counts of ``lines`` under ``subword``, tokenized in chunks of COUNT_CHUNK lines by
+    ``workers`` processes (:func:`ordered_map`), so that memory holds a few chunks and the counts, not
+    the corpus; merged in the chunks' order, so the counts (in first-seen order) are one process's
+    whatever the number of workers; a progress line every ``progress.PROGRESS_SECONDS``."""
     counts: Counter = Counter()
     progress = Progress(what, total)
     it = iter(lines)
-    while chunk := list(islice(it, COUNT_CHUNK)):
-        for toks in subword.tokenize_batch(chunk):
-            counts.update(toks)
-        progress.advance(len(chunk))
+    chunks = iter(lambda: (list(islice(it, COUNT_CHUNK)),), ([],))
+    for n, part in ordered_map(_count, subword, Subword.from_dict, subword.to_dict(), chunks, workers):
+        counts.update(part)
+        progress.advance(n)
     progress.done()
     return counts
 
@@ -137,7 +148,8 @@ def _aligned_lines(corpora: Sequence[CorpusConfig], max_chars: int) -> int:
 
 def build_codec(data: DataConfig, vocab: VocabConfig, run_dir: str, force: bool = False) -> Codec:
     """Learn the subword model(s) on a bounded sample of the training files (of every corpus:
-    ``vocab.sample_lines`` per side), count the vocabularies over every line, streamed, and save
+    ``vocab.sample_lines`` per side), count the vocabularies over every line, streamed on
+    ``data.workers`` processes, and save
     them in ``run_dir`` (:func:`save_codec`: ``force`` replaces those of a run with checkpoints).
     Memory: the sample and the counts, not the corpus."""
     corpora = train_corpora(data)
@@ -156,8 +168,9 @@ def build_codec(data: DataConfig, vocab: VocabConfig, run_dir: str, force: bool 
     else:
         src_sw = Subword.learn(vocab.subword, vocab.tokenizer, vocab.size, sample("src"))
         tgt_sw = Subword.learn(vocab.subword, vocab.tokenizer, vocab.size, sample("tgt"))
+    workers = data.workers or default_workers()
     counts = {
-        side: count_tokens(sw, lines(side), f"counting {side} tokens", total)
+        side: count_tokens(sw, lines(side), f"counting {side} tokens", total, workers)
         for side, sw in (("src", src_sw), ("tgt", tgt_sw))
     }
     if vocab.shared:
