@@ -15,6 +15,10 @@ import yaml
 
 from onmt_doc.toy.corpus import write_corpus
 
+# Under pytest-xdist (the README's command runs two workers) each worker, and every process it starts,
+# uses one thread: two torch processes each spinning two threads on two cores slow each other ~10x.
+if os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("OMP_NUM_THREADS"):
+    os.environ["OMP_NUM_THREADS"] = "1"
 # OMP_NUM_THREADS, when set, wins (several test runs sharing the cores); else at most 2 threads
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or min(2, os.cpu_count() or 1))
 
