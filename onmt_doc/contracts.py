@@ -47,6 +47,8 @@ import numpy as np
 import torch
 from torch import nn
 
+TARGET_ROWS_MULTIPLE = 8  # the output layer's row count is padded to this (see Batch.tgt_index)
+
 
 @dataclass
 class Batch:
@@ -67,9 +69,18 @@ class Batch:
     doc_index: Optional[torch.Tensor] = None  # [B] document of each example
     first_sent: Optional[torch.Tensor] = None  # [B] index of the example's first sentence in its document
     extra: dict = field(default_factory=dict)  # [B, T] per-target-token tensors (e.g. z_star)
+    # [N'] flat positions (row * T + t) of the non-padding targets of tgt_out, computed on the host by
+    # collate so that selecting them needs no device sync; N' is n_tgt_tokens rounded up to a multiple
+    # of TARGET_ROWS_MULTIPLE (the extra entries point at position 0 and are cut off after the output
+    # layer: an odd row count sends the output layer's matrix products to slow kernels on GPUs)
+    tgt_index: Optional[torch.Tensor] = None
     n_src_tokens: int = 0
     n_tgt_tokens: int = 0  # non-padding tokens of tgt_out
+    n_tgt_words: int = 0  # of them, the text (subwords, <unk>) without markup: what throughput compares
     indices: Optional[np.ndarray] = None  # positions of the examples in their source list
+    # the host (CPU) batch this one was copied from by :meth:`to`: parts that plan on the host (the
+    # fused group attention's sentence offsets) read it instead of reading the device
+    host: Optional["Batch"] = field(default=None, repr=False, compare=False)
 
     @property
     def size(self) -> int:
@@ -77,7 +88,8 @@ class Batch:
         return self.src.size(0)
 
     def to(self, device: torch.device) -> "Batch":
-        """The same batch with every tensor on ``device``."""
+        """The same batch with every tensor on ``device``; asynchronous from pinned memory
+        (:meth:`pin_memory`), so the host can prepare the next step meanwhile."""
         moved = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -86,7 +98,22 @@ class Batch:
             elif f.name == "extra":
                 value = {k: v.to(device, non_blocking=True) for k, v in value.items()}
             moved[f.name] = value
+        moved["host"] = self if self.src.device.type == "cpu" else self.host
         return Batch(**moved)
+
+    def pin_memory(self) -> "Batch":
+        """The same batch in page-locked host memory, from which :meth:`to` copies to a GPU without
+        blocking (the trainer's prefetching thread pins each batch it prepares)."""
+        pinned = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                value = value.pin_memory()
+            elif f.name == "extra":
+                value = {k: v.pin_memory() for k, v in value.items()}
+            pinned[f.name] = value
+        pinned["host"] = None
+        return Batch(**pinned)
 
 
 @dataclass

@@ -23,7 +23,7 @@ from benchmarks.suite.stage import StageContext, stage
 SETUP = "bash ../shared/peers/setup_peers.sh"
 MARKUP_TOKENS = 3  # <s> </s> <eos>: what onmt_doc's logged target tokens count on top of the subwords
 ONMT_STEP = re.compile(
-    r"Step\s+(\d+)/\s*\d+;.*?ppl:\s*([\d.]+);.*?bsz:\s*(\d+)/(\d+)/(\d+);\s*(\d+)/(\d+) tok/s;\s*(\d+) sec"
+    r"Step\s+(\d+)/\s*\d+;.*?ppl:\s*([\d.]+);.*?bsz:\s*(\d+)/\s*(\d+)/\s*(\d+);\s*(\d+)/\s*(\d+) tok/s;\s*(\d+) sec"
 )
 
 

@@ -129,6 +129,13 @@ class TrainConfig:
         "`exact` refuses it (the checkpoint's data position would index another batch order); `next_epoch` "
         "accepts it and continues with the new batch order from the start of the next epoch",
     )
+    compile: Literal["off", "on", "auto"] = option(
+        "off",
+        "compile the model's forward and backward with `torch.compile` (dynamic shapes: one compilation serves "
+        "every batch shape; the first step takes a minute or more): fused elementwise kernels and fewer "
+        "launches, which is what a GPU step waits on. `auto` = on CUDA only; on a CPU it rarely pays. "
+        "Measured in [benchmarks.md](benchmarks.md#gpu)",
+    )
     device: str = option(
         "auto",
         "`auto`, `cpu`, `cuda` or `cuda:N`; `auto` and `cuda` put process *i* of a node on `cuda:i`; on CUDA, "
@@ -168,7 +175,8 @@ class LogConfig:
     every: int = option(50, "progress line and `train/*` scalars every this many steps", minimum=1)
     metrics_file: Optional[str] = option(
         None,
-        "also write every progress line and validation as one JSON object per line (step, tokens, seconds, "
-        "loss, ppl, acc, lr, grad_norm, tok_per_s, peak GPU memory; validation metrics): for scripts and "
-        "benchmarks, which need not parse the log. A relative path is inside `log.dir`; a resumed run appends",
+        "also write every progress line and validation as one JSON object per line (step, tokens, words: the "
+        "target text of those tokens without markup, seconds, loss, ppl, acc, lr, grad_norm, tok_per_s, peak GPU "
+        "memory; validation metrics): for scripts and benchmarks, which need not parse the log. A relative path "
+        "is inside `log.dir`; a resumed run appends",
     )

@@ -7,11 +7,11 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 import torch
 
-from onmt_doc.contracts import Batch
+from onmt_doc.contracts import TARGET_ROWS_MULTIPLE, Batch
 from onmt_doc.data.instances import Example
 from onmt_doc.data.lengths import Lengths
 from onmt_doc.data.mapped import IndexedExamples
-from onmt_doc.data.vocab import BOS_ID, EOS_ID, PAD_ID, SOS_ID
+from onmt_doc.data.vocab import BOS_ID, EOS_ID, PAD_ID, SOS_ID, SPECIALS, UNK_ID
 
 
 def group_tags(ids: torch.Tensor) -> torch.Tensor:
@@ -19,7 +19,10 @@ def group_tags(ids: torch.Tensor) -> torch.Tensor:
 
     Works on numpy arrays (collation) and torch tensors (decoders) alike."""
     tags = (ids == SOS_ID).cumsum(1)
-    tags[(ids == PAD_ID) | (ids == BOS_ID) | (ids == EOS_ID)] = 0
+    untagged = (ids == PAD_ID) | (ids == BOS_ID) | (ids == EOS_ID)
+    if isinstance(tags, torch.Tensor):  # masked_fill_: a boolean index would read the mask's size from a GPU
+        return tags.masked_fill_(untagged, 0)
+    tags[untagged] = 0
     return tags
 
 
@@ -71,10 +74,20 @@ def collate(examples: Sequence[Example], indices: Optional[np.ndarray] = None) -
         tgt_out = _pad([e.tgt for e in examples], suffix=EOS_ID)
         batch.tgt_in, batch.tgt_out = torch.from_numpy(tgt_in), torch.from_numpy(tgt_out)
         batch.tgt_groups = torch.from_numpy(group_tags(tgt_in))
+        batch.tgt_index = torch.from_numpy(target_index(tgt_out))
         batch.n_tgt_tokens = int((tgt_out != PAD_ID).sum())
+        batch.n_tgt_words = int(((tgt_out >= len(SPECIALS)) | (tgt_out == UNK_ID)).sum())
         for key in examples[0].extra:
             batch.extra[key] = torch.from_numpy(_pad([e.extra[key] for e in examples], suffix=0))
     return batch
+
+
+def target_index(tgt_out: np.ndarray) -> np.ndarray:
+    """Flat positions of the non-padding targets (``Batch.tgt_index``), padded with position 0 to a
+    multiple of ``TARGET_ROWS_MULTIPLE`` rows."""
+    index = np.flatnonzero(tgt_out.reshape(-1) != PAD_ID)
+    short = -len(index) % TARGET_ROWS_MULTIPLE
+    return np.concatenate([index, np.zeros(short, dtype=index.dtype)]) if short else index
 
 
 def example_lengths(examples: Sequence[Example]) -> Lengths:
@@ -229,7 +242,7 @@ class BatchSampler:
                 f"the corpus mix covers {int(self.mix.offsets[-1])} examples, the list has {len(examples)}"
             )
         self.epoch, self.position = 0, 0
-        self._cache: tuple[int, list[np.ndarray]] = (-1, [])
+        self._cache: dict[int, list[np.ndarray]] = {}  # the last two epochs' batches (a prefetcher reads ahead)
 
     def epoch_examples(self, epoch: int) -> np.ndarray:
         """Every example index of an epoch (before batching and sharding), repeats included."""
@@ -237,8 +250,8 @@ class BatchSampler:
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
         """This rank's batches (example indices) for an epoch."""
-        if self._cache[0] == epoch:
-            return self._cache[1]
+        if epoch in self._cache:
+            return self._cache[epoch]
         items = self.epoch_examples(epoch)
         n = len(items)
         lengths = self.lengths if len(self.mix.sizes) == 1 else self.lengths.take(items)
@@ -254,19 +267,27 @@ class BatchSampler:
             short = (-len(batches)) % self.world
             batches = batches + [batches[i % len(batches)] for i in range(short)]
             batches = batches[self.rank :: self.world]
-        self._cache = (epoch, batches)
+        self._cache = {e: b for e, b in self._cache.items() if e == epoch - 1}
+        self._cache[epoch] = batches
         return batches
 
     def __iter__(self) -> Iterator[Batch]:
         """Batches forever (epoch after epoch), continuing from the current position."""
+        for batch, epoch, position in self.batches_from(self.epoch, self.position):
+            self.epoch, self.position = epoch, position
+            yield batch
+
+    def batches_from(self, epoch: int, position: int) -> Iterator[tuple[Batch, int, int]]:
+        """Batches forever from (``epoch``, ``position``), each with the position after it, without
+        moving the sampler: a reader ahead (``train/prefetch.py``) sets the position of the batches
+        actually consumed, which is what a checkpoint saves."""
         while True:
-            batches = self.epoch_batches(self.epoch)
-            while self.position < len(batches):
-                idx = batches[self.position]
-                self.position += 1
-                yield collate([self.examples[i] for i in idx], idx)
-            self.epoch += 1
-            self.position = 0
+            batches = self.epoch_batches(epoch)
+            while position < len(batches):
+                idx = batches[position]
+                position += 1
+                yield collate([self.examples[i] for i in idx], idx), epoch, position
+            epoch, position = epoch + 1, 0
 
     def completed_epochs(self) -> int:
         """Epochs fully consumed (the iterator only moves to the next epoch when asked for a batch)."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, ClassVar, Literal, Optional
 
+import numpy as np
 import torch
 
 from onmt_doc.config.options import option
@@ -30,14 +31,16 @@ from onmt_doc.decoders.transformer import (
     TransformerDecoderLayer,
     TransformerState,
 )
+from onmt_doc.modules import kernel_paths
 from onmt_doc.modules.attention import KV, MultiHeadAttention
 from onmt_doc.modules.document_packing import (
     DocumentMemory,
     attend_documents,
     attend_documents_rows,
     document_memory,
+    host_array,
 )
-from onmt_doc.modules.row_buckets import RowBucket, bucket_rows, unbucket
+from onmt_doc.modules.row_buckets import RowBucket, row_plan, unbucket
 
 
 @dataclass
@@ -145,16 +148,23 @@ class DocContextDecoder(TransformerDecoder):
         DocEnc–Decoder attention packs the real target positions of all buckets per document."""
         src_len = enc_out.pad_mask.eq(0).sum(1)
         keep = tgt_in.ne(PAD_ID)
-        buckets = bucket_rows(keep.sum(1))
+        buckets = row_plan(keep)
+        fused = kernel_paths.fused(tgt_in.device)  # one bucket of every row: the whole memory too, no device read
         xs, memories, masks = [], [], []
         for b in buckets:
-            memory_rows = RowBucket(b.rows, max(int(src_len.index_select(0, b.rows).max()), 1))
+            width = enc_out.memory.size(1) if fused else max(int(src_len.index_select(0, b.rows).max()), 1)
+            memory_rows = RowBucket(b.rows, width)
             memories.append(memory_rows.take(enc_out.memory))
             masks.append((~memory_rows.take(enc_out.pad_mask))[:, None, None, :])
             xs.append(self.embeddings(b.take(tgt_in)))
+        host = batch.host  # the packing plans are made from host copies (no device read on a GPU)
         if self.context == "document":  # eq. 8: C, shared by every bucket
             row_doc, keeps = enc_out.extra["row_doc"], [b.take(keep) for b in buckets]
             row_docs = [row_doc.index_select(0, b.rows) for b in buckets]
+            host_doc = host_array(host.doc_index if host is not None else row_doc)
+            host_keep = host_array(host.tgt_in.ne(PAD_ID) if host is not None else keep)
+            host_docs = [host_doc[b.host_rows] for b in buckets]
+            host_keeps = [host_keep[b.host_rows, : b.length] for b in buckets]
             documents = self._document_memories(enc_out)
         else:  # h^ctx_i: each row reads its own (the bucket's rows, trimmed like the memory)
             own = [
@@ -170,6 +180,8 @@ class DocContextDecoder(TransformerDecoder):
                     memory=documents[layer_number],
                     keeps=keeps,
                     probe="dec_doc_context",
+                    host_row_docs=host_docs,
+                    host_keeps=host_keeps,
                 )
             else:
                 doc_attention = partial(own_attention, layer.doc_attn, rows=rows, own=own, masks=masks)
@@ -203,7 +215,7 @@ def own_attention(
 ) -> list[torch.Tensor]:
     """``context: own_sentence`` per bucket: queries hs[i] [r_i, T_i, D] attend to their own row's
     words h^ctx_i, own[i] [r_i, S_i, D] (memory keep-masks [r_i, 1, 1, S_i]); ``rows`` [r_i] = arange."""
-    return [
-        attend_documents(attn, h, r, document_memory(attn, c, ~m[:, 0, 0]), "dec_doc_context")
+    return [  # rows are 0..r_i - 1: their host copy is known without reading the device
+        attend_documents(attn, h, r, document_memory(attn, c, ~m[:, 0, 0]), "dec_doc_context", np.arange(len(r)))
         for h, r, c, m in zip(hs, rows, own, masks)
     ]

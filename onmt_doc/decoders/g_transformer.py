@@ -33,14 +33,14 @@ from onmt_doc.modules.group_attention import (
     COMBINED,
     GLOBAL,
     GROUP,
-    BlockPlan,
+    Plan,
     attention_modes,
+    cross_plan,
     gather_block,
     group_attend,
     heads_layout,
-    plan_cross,
-    plan_self,
     rows_layout,
+    self_plan,
     source_block,
     source_spans,
     write_sentence_cache,
@@ -132,8 +132,8 @@ class _Forced:
     keep: torch.Tensor  # [B, T] non-padding targets
     memory: torch.Tensor
     memory_mask: torch.Tensor  # [B, 1, 1, S]
-    self_plan: Optional[BlockPlan]
-    cross_plan: Optional[BlockPlan]
+    self_plan: Optional[Plan]
+    cross_plan: Optional[Plan]
 
 
 @dataclass
@@ -278,9 +278,12 @@ class GTransformerDecoder(Decoder):
         tags come from the markup (:func:`group_tags`)."""
         keep, src_keep = tgt_in.ne(PAD_ID), ~enc_out.pad_mask
         tags = group_tags(tgt_in)
-        self_plan = plan_self(tags, keep, causal=True) if self.group_self else None
-        cross_plan = plan_cross(tags, keep, enc_out.groups, src_keep) if self.group_cross else None
-        ctx = _Forced(keep, enc_out.memory, enc_out.attention_mask(), self_plan, cross_plan)
+        host, tgt_host, src_host = batch.host, None, None
+        if host is not None and host.tgt_in is not None:  # the plans' host copies (fused path: no device read)
+            tgt_host, src_host = (host.tgt_groups, host.tgt_in.ne(PAD_ID)), (host.src_groups, host.src.ne(PAD_ID))
+        plan_s = self_plan(tags, keep, causal=True, host=tgt_host) if self.group_self else None
+        plan_c = cross_plan(tags, keep, enc_out.groups, src_keep, tgt_host, src_host) if self.group_cross else None
+        ctx = _Forced(keep, enc_out.memory, enc_out.attention_mask(), plan_s, plan_c)
         x = self.embeddings(tgt_in)
         for layer in self.layers:
             x = layer(x, ctx)

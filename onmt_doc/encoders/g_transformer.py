@@ -26,10 +26,10 @@ from onmt_doc.modules.group_attention import (
     COMBINED,
     GLOBAL,
     GROUP,
-    BlockPlan,
+    Plan,
     attention_modes,
     group_attend,
-    plan_self,
+    self_plan,
 )
 from onmt_doc.modules.local_global_gate import GateSum
 
@@ -78,16 +78,12 @@ class GTransformerEncoderLayer(TransformerEncoderLayer):
         self.global_attn = MultiHeadAttention(d_model, heads, attention_dropout) if combined else None
         self.gate = GateSum(d_model, "enc_self") if combined else None
 
-    def forward(
-        self, x: torch.Tensor, plan: Optional[BlockPlan], keep: torch.Tensor, mask: torch.Tensor
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, plan: Optional[Plan], keep: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """``x`` [B, N, D] -> [B, N, D]; ``plan`` is None only when no layer uses group attention."""
         x = self.attn_res(x, lambda h: self.attention(h, plan, keep, mask))
         return self.ff_res(x, self.ff)
 
-    def attention(
-        self, h: torch.Tensor, plan: Optional[BlockPlan], keep: torch.Tensor, mask: torch.Tensor
-    ) -> torch.Tensor:
+    def attention(self, h: torch.Tensor, plan: Optional[Plan], keep: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The layer's self-attention of ``h`` [B, N, D]: eq. 8 (group), eq. 5 (global) or their gate-sum
         (eq. 10); ``keep`` [B, N] True on real tokens, ``mask`` [B, 1, 1, N] the global keep-mask."""
         if self.mode == GLOBAL:  # eq. 5 over the whole instance
@@ -125,7 +121,8 @@ class GTransformerEncoder(Encoder):
         """``batch.src`` [B, N] with sentence tags ``batch.src_groups`` [B, N] -> memory [B, N, D]."""
         pad = batch.src.eq(PAD_ID)
         keep = ~pad
-        plan = plan_self(batch.src_groups, keep, causal=False) if self.group else None
+        host = (batch.host.src_groups, batch.host.src.ne(PAD_ID)) if batch.host is not None else None
+        plan = self_plan(batch.src_groups, keep, causal=False, host=host) if self.group else None
         mask = keep[:, None, None, :]
         x = self.embeddings(batch.src)
         for layer in self.layers:

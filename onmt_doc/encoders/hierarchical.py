@@ -37,10 +37,16 @@ from onmt_doc.encoders.transformer import TransformerEncoder, TransformerEncoder
 from onmt_doc.errors import ConfigError
 from onmt_doc.modules import analysis
 from onmt_doc.modules.attention import MultiHeadAttention
-from onmt_doc.modules.document_packing import attend_documents_rows, document_memory, plan_packing
+from onmt_doc.modules.document_packing import (
+    HostArray,
+    attend_documents_rows,
+    document_memory,
+    host_array,
+    plan_packing,
+)
 from onmt_doc.modules.dropout import Dropout
 from onmt_doc.modules.embeddings import SinusoidalPositions
-from onmt_doc.modules.row_buckets import batch_order, bucket_rows, unbucket
+from onmt_doc.modules.row_buckets import batch_order, row_plan, unbucket
 from onmt_doc.registry import registry_for
 
 
@@ -142,8 +148,12 @@ class HierarchicalEncoder(TransformerEncoder):
         pad = batch.src.eq(PAD_ID)
         keep = ~pad
         row_doc = batch.doc_index.to(batch.src.device)
-        n_docs = int(row_doc.max()) + 1
-        buckets = bucket_rows(keep.sum(1))
+        # the plans are made on the host, from the batch's host copy (no device read on a GPU)
+        host = batch.host
+        host_doc = host_array(host.doc_index if host is not None else row_doc)
+        host_keep = host_array(host.src.ne(PAD_ID) if host is not None else keep)
+        n_docs, device = int(host_doc.max()) + 1, batch.src.device
+        buckets = row_plan(keep)
         keeps = [b.take(keep) for b in buckets]
         h_parts, sentences = [], []
         for b, keep_b in zip(buckets, keeps):
@@ -152,9 +162,9 @@ class HierarchicalEncoder(TransformerEncoder):
             sentences.append(self.pool(self.sentence_attn(h_b, keep_b[:, None, None, :]), keep_b))  # eqs. 2-3
             h_parts.append(h_b)
         sentences = torch.cat(sentences).index_select(0, batch_order(buckets))  # [R, D] in batch order
-        h_s, sent_pad = self.encode_document(sentences, row_doc, n_docs)  # eq. 4: [G, N, D]
+        h_s, sent_pad = self.encode_document(sentences, host_doc, n_docs)  # eq. 4: [G, N, D]
         if self.context == "own_sentence":  # eqs. 5-6, H^S_i
-            own_slot = plan_packing(row_doc, n_docs).unpack(h_s)  # [R, 1, D]
+            own_slot = plan_packing(host_doc, n_docs, device=device).unpack(h_s)  # [R, 1, D]
             d_ctx = [
                 own_sentence_context(self.context_attn, h_b, own_slot.index_select(0, b.rows), keep_b)
                 for b, h_b, keep_b in zip(buckets, h_parts, keeps)
@@ -162,11 +172,15 @@ class HierarchicalEncoder(TransformerEncoder):
         else:  # eqs. 5-6, all H^S_k; the real words of all buckets packed per document
             row_docs = [row_doc.index_select(0, b.rows) for b in buckets]
             doc_memory = document_memory(self.context_attn, h_s, sent_pad)
-            d_ctx = attend_documents_rows(self.context_attn, h_parts, row_docs, doc_memory, keeps, "enc_doc_context")
+            host_docs = [host_doc[b.host_rows] for b in buckets]
+            host_keeps = [host_keep[b.host_rows, : b.length] for b in buckets]
+            d_ctx = attend_documents_rows(
+                self.context_attn, h_parts, row_docs, doc_memory, keeps, "enc_doc_context", host_docs, host_keeps
+            )
         ctx_parts = [h_b + self.context_dropout(d) for h_b, d in zip(h_parts, d_ctx)]  # eq. 7
         length = batch.src.size(1)
         h_ctx = unbucket(ctx_parts, buckets, length)
-        words = plan_packing(row_doc, n_docs, length, keep)
+        words = plan_packing(host_doc, n_docs, length, host_keep, device=device)
         extra = {
             "doc_memory": words.pack(h_ctx),
             "doc_memory_pad": words.padding(),
@@ -183,11 +197,11 @@ class HierarchicalEncoder(TransformerEncoder):
         return (a * keep[..., None]).sum(1) / keep.sum(1, keepdim=True).clamp(min=1)
 
     def encode_document(
-        self, sentences: torch.Tensor, row_doc: torch.Tensor, n_docs: int
+        self, sentences: torch.Tensor, row_doc: HostArray, n_docs: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """eq. 4: H^S = DocEnc(h^S) over each document's sentence vectors, packed [G, N, D]; and
-        the padding of the packed sequences [G, N]."""
-        packing = plan_packing(row_doc, n_docs)
+        """eq. 4: H^S = DocEnc(h^S) over each document's sentence vectors [R, D] of rows of documents
+        ``row_doc`` (host copy), packed [G, N, D]; and the padding of the packed sequences [G, N]."""
+        packing = plan_packing(row_doc, n_docs, device=sentences.device)
         x, pad = packing.pack(sentences[:, None]), packing.padding()
         if self.doc_positions is not None:
             x = x + self.doc_positions(0, x.size(1))

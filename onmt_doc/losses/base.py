@@ -35,9 +35,11 @@ class Loss:
         self.cfg = cfg
         self.weight = cfg.weight
 
-    def __call__(self, out: ModelOut, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:  # pragma: no cover
+    def __call__(self, out: ModelOut, batch: Batch) -> tuple[torch.Tensor, dict]:  # pragma: no cover
         """The loss summed over what it counts, and summed statistics for the logs (the trainer divides
-        both by the step's target tokens)."""
+        both by the step's target tokens). A statistic is a float or a 0-dim tensor, which stays on
+        the device: reading it (``.item()``) would make the host wait for the GPU every step, so the
+        trainer sums tensors as they are and reads them once per progress line."""
         raise NotImplementedError
 
 

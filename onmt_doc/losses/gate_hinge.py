@@ -85,9 +85,9 @@ class PMIGateHinge(Loss):
     training_only = True
     needs_fields = (Z_STAR,)  # the data pipeline attaches z* (onmt_doc/pmi.py, read from `table`, `normaliser`)
 
-    def __call__(self, out: ModelOut, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    def __call__(self, out: ModelOut, batch: Batch) -> tuple[torch.Tensor, dict]:
         """Eq. 5 summed over regularised layers and supervised tokens; raises ConfigError when the
-        decoder has no vector gates or the batch no z*."""
+        decoder has no vector gates or the batch no z*. Statistics stay on the device."""
         gates = out.aux.get("gates")
         if gates is None:
             raise ConfigError(
@@ -99,8 +99,8 @@ class PMIGateHinge(Loss):
         mask = batch.extra["z_star_mask"]
         hinge, wrong = gate_hinge(select_layers(gates.float(), self.cfg.layers), batch.extra["z_star"], mask)
         return hinge.sum(), {
-            "gate/hinge": hinge.detach().sum().item(),
-            "gate/wrong": wrong.sum().item(),
-            "gate/labeled": float(mask.sum()),
-            "gate/source": float(batch.extra["z_star"].sum()),
+            "gate/hinge": hinge.detach().sum(),
+            "gate/wrong": wrong.detach().sum(),
+            "gate/labeled": mask.sum(),
+            "gate/source": batch.extra["z_star"].sum(),
         }

@@ -82,11 +82,12 @@ class LabelSmoothedCE(Loss):
     """loss = (1 − ε)·nll + ε·mean over non-pad classes of −log p; stats: nll, tokens, correct
     (the target is the argmax, ties aside)."""
 
-    def __call__(self, out: ModelOut, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        """Label-smoothed cross entropy summed over the non-padding target tokens of ``out``."""
+    def __call__(self, out: ModelOut, batch: Batch) -> tuple[torch.Tensor, dict]:
+        """Label-smoothed cross entropy summed over the non-padding target tokens of ``out``; the
+        statistics stay on the device (the trainer reads them at log time, not every step)."""
         loss, nll, correct = label_smoothed_nll(out.logits, out.target, self.cfg.smoothing)
         return loss.sum(), {
-            "nll": nll.sum().item(),
-            "correct": correct.sum().item(),
+            "nll": nll.sum(),
+            "correct": correct.sum(),
             "tokens": float(out.target.numel()),
         }

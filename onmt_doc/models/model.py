@@ -52,8 +52,17 @@ class EncoderDecoder(nn.Module):
         enc_out = self.encoder(batch)
         dec_out = self.decoder(batch.tgt_in, enc_out, batch)
         mask = batch.tgt_out.ne(PAD_ID)
-        logits = self.generator(dec_out.hidden[mask])
-        return ModelOut(logits, batch.tgt_out[mask], mask, dec_out.hidden, enc_out, dec_out.aux)
+        if batch.tgt_index is None:  # a batch made without collate: select on the device
+            return ModelOut(
+                self.generator(dec_out.hidden[mask]), batch.tgt_out[mask], mask, dec_out.hidden, enc_out, dec_out.aux
+            )
+        # positions chosen on the host (collate): no device sync. On a GPU the output layer also
+        # computes the rows that round the count up (Batch.tgt_index) and drops them after
+        n = batch.n_tgt_tokens
+        index = batch.tgt_index if dec_out.hidden.is_cuda else batch.tgt_index[:n]
+        logits = self.generator(dec_out.hidden.flatten(0, 1).index_select(0, index))[:n]
+        target = batch.tgt_out.reshape(-1).index_select(0, batch.tgt_index[:n])
+        return ModelOut(logits, target, mask, dec_out.hidden, enc_out, dec_out.aux)
 
     def encode(self, batch: Batch) -> EncoderOut:
         """Encode once per batch; search then calls :meth:`step` many times on the result."""

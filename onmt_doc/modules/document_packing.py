@@ -11,8 +11,9 @@ batching keeps small (windows of one size are batched together).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
+import numpy as np
 import torch
 
 from onmt_doc.modules.attention import KV, MultiHeadAttention, Probe
@@ -28,12 +29,27 @@ def group_slots(group: torch.Tensor, n_groups: int) -> tuple[torch.Tensor, torch
     return slot, counts
 
 
+HostArray = Union[np.ndarray, torch.Tensor]  # an index a plan is built from, best the batch's host copy
+
+
+def host_array(x: HostArray) -> np.ndarray:
+    """``x`` as a numpy array: free for numpy arrays and CPU tensors, a device read for GPU tensors
+    (so callers on the fused path hand in the batch's host copies, ``Batch.host``)."""
+    return x if isinstance(x, np.ndarray) else x.detach().cpu().numpy()
+
+
+def to_device(x: np.ndarray, device: Union[str, torch.device]) -> torch.Tensor:
+    """A host index array on ``device``: pinned and copied without blocking the host on a GPU."""
+    t = torch.from_numpy(np.ascontiguousarray(x))
+    return t.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" else t
+
+
 @dataclass
 class Packing:
     """Where the kept positions of [R rows, L] sit in a packed [G documents, M slots] layout."""
 
     index: torch.Tensor  # [K] flat packed position (doc * M + slot) of each kept position
-    keep: Optional[torch.Tensor]  # [R * L] kept positions (None = all)
+    keep_pos: Optional[torch.Tensor]  # [K] flat positions (row * L + i) kept (None = all)
     rows: int
     length: int  # L
     docs: int  # G
@@ -42,38 +58,50 @@ class Packing:
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """[R, L, ...] -> [G, M, ...], zeros in empty slots."""
         flat = x.reshape(self.rows * self.length, *x.shape[2:])
-        if self.keep is not None:
-            flat = flat[self.keep]
+        if self.keep_pos is not None:
+            flat = flat.index_select(0, self.keep_pos)
         out = flat.new_zeros(self.docs * self.slots, *x.shape[2:])
         return out.index_copy(0, self.index, flat).view(self.docs, self.slots, *x.shape[2:])
 
     def unpack(self, y: torch.Tensor) -> torch.Tensor:
         """[G, M, ...] -> [R, L, ...], zeros at positions that were not kept."""
         picked = y.reshape(self.docs * self.slots, *y.shape[2:]).index_select(0, self.index)
-        if self.keep is None:
+        if self.keep_pos is None:
             return picked.view(self.rows, self.length, *y.shape[2:])
         out = picked.new_zeros(self.rows * self.length, *y.shape[2:])
-        out[self.keep] = picked
-        return out.view(self.rows, self.length, *y.shape[2:])
+        return out.index_copy(0, self.keep_pos, picked).view(self.rows, self.length, *y.shape[2:])
 
     def padding(self) -> torch.Tensor:
         """[G, M] True at empty slots."""
         pad = torch.ones(self.docs * self.slots, dtype=torch.bool, device=self.index.device)
-        pad[self.index] = False
-        return pad.view(self.docs, self.slots)
+        return pad.index_fill(0, self.index, False).view(self.docs, self.slots)
 
 
-def plan_packing(row_doc: torch.Tensor, n_docs: int, length: int = 1, keep: Optional[torch.Tensor] = None) -> Packing:
+def plan_packing(
+    row_doc: HostArray,
+    n_docs: int,
+    length: int = 1,
+    keep: Optional[HostArray] = None,
+    device: Optional[Union[str, torch.device]] = None,
+) -> Packing:
     """Packing of [R, length] positions (only ``keep`` [R, length] where given) by document
-    ``row_doc`` [R]; positions keep their row-major order inside a document."""
-    rows = row_doc.numel()
-    doc = row_doc.repeat_interleave(length)
-    flat_keep = None if keep is None else keep.reshape(-1)
-    if flat_keep is not None:
-        doc = doc[flat_keep]
-    slot, counts = group_slots(doc, n_docs)
-    slots = max(int(counts.max()), 1) if counts.numel() else 1
-    return Packing(doc * slots + slot, flat_keep, rows, length, n_docs, slots)
+    ``row_doc`` [R]; positions keep their row-major order inside a document. Planned on the host
+    (numpy) from ``row_doc``/``keep``, best host copies (:func:`host_array`), so a GPU step never waits
+    for it; the plan's indices go to ``device`` (default: ``row_doc``'s)."""
+    if device is None:
+        device = row_doc.device if isinstance(row_doc, torch.Tensor) else "cpu"
+    rows = len(row_doc)
+    doc = np.repeat(host_array(row_doc).astype(np.int64), length)
+    keep_pos = None if keep is None else np.flatnonzero(host_array(keep).reshape(-1))
+    if keep_pos is not None:
+        doc = doc[keep_pos]
+    counts = np.bincount(doc, minlength=n_docs)
+    order = np.argsort(doc, kind="stable")
+    slot = np.empty_like(doc)
+    slot[order] = np.arange(len(doc)) - (np.cumsum(counts) - counts)[doc[order]]
+    slots = max(int(counts.max()), 1) if counts.size else 1
+    index = to_device(doc * slots + slot, device)
+    return Packing(index, None if keep_pos is None else to_device(keep_pos, device), rows, length, n_docs, slots)
 
 
 @dataclass
@@ -95,13 +123,15 @@ def attend_documents(
     row_doc: torch.Tensor,
     memory: DocumentMemory,
     probe: Optional[str] = None,
+    host_row_doc: Optional[HostArray] = None,
 ) -> torch.Tensor:
     """Cross-attention of every row's queries h [R, T, D] over its own document's memory.
 
     The rows of a document are packed into one query sequence [G, M·T] so the document's keys and
     values are used once, not copied per row (a document of n sentences would otherwise hold n
-    copies). Returns [R, T, D]."""
-    return attend_documents_rows(attn, [h], [row_doc], memory, probe=probe)[0]
+    copies). ``host_row_doc``: ``row_doc``'s host copy, which plans without a device read. Returns [R, T, D]."""
+    host = None if host_row_doc is None else [host_row_doc]
+    return attend_documents_rows(attn, [h], [row_doc], memory, probe=probe, host_row_docs=host)[0]
 
 
 def attend_documents_rows(
@@ -111,34 +141,39 @@ def attend_documents_rows(
     memory: DocumentMemory,
     keeps: Optional[Sequence[torch.Tensor]] = None,
     probe: Optional[str] = None,
+    host_row_docs: Optional[Sequence[HostArray]] = None,
+    host_keeps: Optional[Sequence[HostArray]] = None,
 ) -> list[torch.Tensor]:
     """:func:`attend_documents` for rows in several groups at once (length buckets, ``row_buckets``):
     queries hs[i] [r_i, T_i, D] of rows of documents row_docs[i] [r_i]. The query positions of
     every group (only the ``keeps[i]`` [r_i, T_i] ones where given) are packed per document in one
     sequence, so a document's rows spread over buckets still share one packed query sequence.
-    Returns [r_i, T_i, D] per group, zeros at positions not kept."""
-    queries, docs = [], []
+    ``host_row_docs`` / ``host_keeps``: host copies of ``row_docs`` / ``keeps`` (the plan is made on
+    the host; without them it reads the device). Returns [r_i, T_i, D] per group, zeros at positions
+    not kept."""
+    queries, docs, wheres = [], [], []
     for i, (h, row_doc) in enumerate(zip(hs, row_docs)):
         r, t, d = h.shape
-        doc = row_doc[:, None].expand(r, t)
-        if keeps is None:
-            h, doc = h.reshape(r * t, d), doc.reshape(-1)
-        else:
-            h, doc = h[keeps[i]], doc[keeps[i]]
-        queries.append(attn.q(h).view(-1, 1, attn.heads, attn.d_head))  # [K_i, 1, H, d_head]
+        doc = np.repeat(host_array(host_row_docs[i] if host_row_docs is not None else row_doc), t)
+        flat, where = h.reshape(r * t, d), None
+        if keeps is not None:
+            pos = np.flatnonzero(host_array(host_keeps[i] if host_keeps is not None else keeps[i]).reshape(-1))
+            doc, where = doc[pos], to_device(pos, h.device)
+            flat = flat.index_select(0, where)
+        queries.append(attn.q(flat).view(-1, 1, attn.heads, attn.d_head))  # [K_i, 1, H, d_head]
         docs.append(doc)
-    packing = plan_packing(torch.cat(docs), memory.mask.size(0))
+        wheres.append(where)
+    packing = plan_packing(np.concatenate(docs), memory.mask.size(0), device=hs[0].device)
     q = packing.pack(torch.cat(queries)).transpose(1, 2)  # [G, H, M, d_head]
     query_probe: Optional[Probe] = None
     if probe is not None:
         query_probe = (probe, ~packing.padding())
     out = packing.unpack(attn.attend(q, memory.kv[0], memory.kv[1], memory.mask, probe=query_probe))[:, 0]
     results = []
-    for h, part, keep in zip(hs, out.split([len(d) for d in docs]), keeps or [None] * len(hs)):
+    for h, part, where in zip(hs, out.split([len(d) for d in docs]), wheres):
         r, t, d = h.shape
-        if keep is None:
+        if where is None:
             results.append(part.view(r, t, d))
         else:
-            where = keep.reshape(-1).nonzero().squeeze(1)
             results.append(part.new_zeros(r * t, d).index_copy(0, where, part).view(r, t, d))
     return results

@@ -15,15 +15,16 @@ pass and shared by every layer.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
 
-from onmt_doc.modules import analysis
+from onmt_doc.modules import analysis, kernel_paths
 from onmt_doc.modules.attention import attention_probs, grow_kv
 from onmt_doc.modules.document_packing import group_slots
 from onmt_doc.modules.row_buckets import bucket_rows
+from onmt_doc.modules.varlen_attention import SegmentPlan, plan_cross_segments, plan_self_segments, segment_attend
 
 
 @dataclass
@@ -54,6 +55,8 @@ class BlockPlan:
 
 
 GROUP, GLOBAL, COMBINED = "group", "global", "combined"
+Plan = Union[BlockPlan, SegmentPlan]  # packed blocks (CPU) or variable-length sentences (GPU): kernel_paths
+HostPair = Optional[tuple[torch.Tensor, torch.Tensor]]  # (tags, keep) as the batch's host copy holds them
 
 
 def attention_modes(layers: int, group: bool, top_layers: int, top: str) -> list[str]:
@@ -179,8 +182,42 @@ def plan_cross(
     return _finish(q_tags, buckets, free_pos, free_row, k_keep[free_row][:, None, None, :])
 
 
+def _fused(device: torch.device) -> bool:
+    """The fused path, unless analysis statistics are collected (validation's attention entropies
+    are recorded per block, on the packed path)."""
+    return kernel_paths.fused(device) and not analysis.active()
+
+
+@torch.compiler.disable  # host planning in numpy: outside any compiled graph
+def self_plan(tags: torch.Tensor, keep: torch.Tensor, causal: bool, host: HostPair = None) -> Plan:
+    """The self-attention plan of the device's path (:mod:`~onmt_doc.modules.kernel_paths`): sentence
+    offsets built on the host from ``host`` (the batch's host copies of ``tags`` and ``keep``) for the
+    fused path, packed blocks (:func:`plan_self`) otherwise."""
+    if _fused(tags.device):
+        host_tags, host_keep = host if host is not None else (tags.cpu(), keep.cpu())
+        return plan_self_segments(host_tags, host_keep, causal).to(tags.device)
+    return plan_self(tags, keep, causal)
+
+
+@torch.compiler.disable
+def cross_plan(
+    q_tags: torch.Tensor,
+    q_keep: torch.Tensor,
+    k_tags: torch.Tensor,
+    k_keep: torch.Tensor,
+    q_host: HostPair = None,
+    k_host: HostPair = None,
+) -> Plan:
+    """:func:`self_plan` for cross-attention (:func:`plan_cross` on the packed path)."""
+    if _fused(q_tags.device):
+        qt, qk = q_host if q_host is not None else (q_tags.cpu(), q_keep.cpu())
+        kt, kk = k_host if k_host is not None else (k_tags.cpu(), k_keep.cpu())
+        return plan_cross_segments(qt, qk, kt, kk).to(q_tags.device)
+    return plan_cross(q_tags, q_keep, k_tags, k_keep)
+
+
 def group_attend(
-    plan: BlockPlan,
+    plan: Plan,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -188,7 +225,10 @@ def group_attend(
     probe: Optional[str] = None,
 ) -> torch.Tensor:
     """Attention of q [B, H, Nq, d] over k, v [B, H, Nk, d] within blocks; returns [B, H, Nq, d]
-    (zeros at padding queries). ``probe`` names the entropy statistic recorded during analysis."""
+    (zeros at padding queries). ``probe`` names the entropy statistic recorded during analysis.
+    A :class:`~onmt_doc.modules.varlen_attention.SegmentPlan` runs the fused path."""
+    if isinstance(plan, SegmentPlan):
+        return segment_attend(plan, q, k, v, dropout)
     b, h, nq, d = q.shape
     flat = [x.transpose(1, 2).reshape(-1, h, d) for x in (q, k, v)]
     outputs = []

@@ -17,6 +17,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from onmt_doc.modules import kernel_paths
+
 # what one more bucket costs, in row positions: a bucket is one more pass through every layer
 # (per-op overhead, smaller matrix products); the cut trades it against the padding it saves.
 # 16 measured best of 8-128 on TED at d_model 256 (docs/benchmarks.md, "Document-level cost")
@@ -29,6 +31,7 @@ class RowBucket:
 
     rows: torch.Tensor  # [r] long
     length: int
+    host_rows: Optional[np.ndarray] = None  # the same rows on the host (plans made from host copies)
 
     def take(self, x: torch.Tensor) -> torch.Tensor:
         """[R, L, ...] -> this bucket's rows, trimmed to its length: [r, length, ...]."""
@@ -62,8 +65,21 @@ def bucket_rows(lengths: torch.Tensor, overhead: Optional[int] = None) -> list[R
     lens = lengths.clamp(min=1)
     order = torch.sort(lens.cpu(), stable=True).indices
     sorted_lens = lens.cpu()[order].tolist()
+    host = order.numpy()
     order = order.to(lengths.device)
-    return [RowBucket(order[i:j], int(sorted_lens[j - 1])) for i, j in bucket_cuts(sorted_lens, overhead)]
+    cuts = bucket_cuts(sorted_lens, overhead)
+    return [RowBucket(order[i:j], int(sorted_lens[j - 1]), host[i:j]) for i, j in cuts]
+
+
+def row_plan(keep: torch.Tensor, overhead: Optional[int] = None) -> list[RowBucket]:
+    """The buckets of the rows of ``keep`` [R, L] (True on real positions) for the device's path
+    (:mod:`~onmt_doc.modules.kernel_paths`): length buckets on the packed path; on the fused path one
+    bucket of every row at the full width, which costs padding but no device read and a third of the
+    kernels (a GPU's step is bound by kernel launches, not by padded arithmetic)."""
+    if kernel_paths.fused(keep.device):
+        rows = keep.size(0)
+        return [RowBucket(torch.arange(rows, device=keep.device), max(keep.size(1), 1), np.arange(rows))]
+    return bucket_rows(keep.sum(1), overhead)
 
 
 def computed_positions(lengths: torch.Tensor, overhead: Optional[int] = None) -> int:

@@ -83,7 +83,7 @@ def train_state(run: Resumable, ctx: DistContext) -> dict:
         "sampler": run.sampler.state_dict(),
         "data": run.fingerprint,  # what the sampler position means
         "early_stopping": {"best": p.early.best, "bad": p.early.bad},
-        "pending": {"values": p.pending.values, "tokens": p.pending.tokens, "seconds": p.pending.seconds},
+        "pending": {"values": p.pending.floats(), "tokens": p.pending.tokens, "seconds": p.pending.seconds},
         "rng": distributed.gather_objects(rng_state(), ctx),  # one entry per rank
     }
 

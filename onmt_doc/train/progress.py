@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+import torch
+
 
 @dataclass
 class EarlyStopping:
@@ -39,7 +41,9 @@ class EarlyStopping:
 
 @dataclass
 class StepStats:
-    """Statistics summed since the last report."""
+    """Statistics summed since the last report. A statistic given as a tensor is summed on its
+    device in float64 (exactly the float sums of reading it every step) and read only by
+    :meth:`floats`, once per progress line: a GPU step never waits for the host on its account."""
 
     values: dict = field(default_factory=dict)
     tokens: float = 0.0
@@ -48,7 +52,14 @@ class StepStats:
     def add(self, stats: dict) -> None:
         """Accumulate one step's loss statistics (sums, so the report divides once)."""
         for k, v in stats.items():
-            self.values[k] = self.values.get(k, 0.0) + float(v)
+            v = v.detach().to(torch.float64) if isinstance(v, torch.Tensor) else float(v)
+            self.values[k] = self.values.get(k, 0.0) + v
+
+    def floats(self) -> dict[str, float]:
+        """The sums as Python floats (reads the device once for all of them)."""
+        keys = [k for k, v in self.values.items() if isinstance(v, torch.Tensor)]
+        read = torch.stack([self.values[k] for k in keys]).tolist() if keys else []
+        return {**self.values, **dict(zip(keys, read))}
 
 
 @dataclass

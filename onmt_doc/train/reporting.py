@@ -105,6 +105,7 @@ class Reporter:
             {
                 **m,
                 "tokens": stats.get("tokens", 0.0),
+                "words": stats.get("words", 0.0),  # of the tokens, the target text (no markup)
                 "seconds": seconds,
                 "lr": lr,
                 "grad_norm": grad_norm,

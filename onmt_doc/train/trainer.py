@@ -29,6 +29,7 @@ from onmt_doc.train.checkpointing import Checkpointer
 from onmt_doc.train.distributed import DistContext
 from onmt_doc.train.hardware import autocast, set_threads
 from onmt_doc.train.interrupt import Interrupted, StopRequest
+from onmt_doc.train.prefetch import Prefetcher
 from onmt_doc.train.progress import EarlyStopping, Progress, StepStats
 from onmt_doc.train.reporting import Reporter, summarize
 from onmt_doc.train.run_builder import RunParts, ValidSet, build_run, run_summary
@@ -65,6 +66,7 @@ class Trainer:
             checkpointing.resume_from(self.ckpt_dir, self.state, config_to_dict(cfg), cfg.train.resume_data, ctx)
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         self.ddp = DistributedDataParallel(self.model, device_ids=device_ids) if ctx.enabled else None
+        self.forward_module = compiled(self.ddp or self.model, cfg.train.compile, ctx.device)
         log.info(run_summary(cfg, parts, ctx))
 
     @property
@@ -90,7 +92,7 @@ class Trainer:
     def _losses(self, batch: Batch, training: bool) -> tuple[torch.Tensor, dict]:
         """The weighted sum of the losses (training-only ones skipped in validation) and their summed
         statistics, plus in validation the analysis sums a part reports (attention entropy, gate means)."""
-        out = (self.ddp or self.model)(batch) if training else self.model(batch)
+        out = self.forward_module(batch) if training else self.model(batch)
         total, stats = None, {}
         for loss in self.losses:
             if loss.training_only and not training:
@@ -98,7 +100,7 @@ class Trainer:
             value, s = loss(out, batch)
             total = loss.weight * value if total is None else total + loss.weight * value
             stats.update(s)
-        stats["loss"] = float(total.detach())
+        stats["loss"] = total.detach()  # read at log time (StepStats), not here
         if not training:
             stats.update(out.aux.get("stats", {}))
         return total, stats
@@ -117,15 +119,17 @@ class Trainer:
                 loss = total * scale
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             stats.add(s)
+        stats.add({"words": float(sum(b.n_tgt_words for b in batches))})  # target text without markup
         stats.values["grad_norm"] = self._update()
         return stats.values
 
-    def _update(self) -> float:
-        """Clip, set every group's lr (optim.lr x lr_scale x schedule), step; the norm before clipping."""
+    def _update(self) -> torch.Tensor:
+        """Clip, set every group's lr (optim.lr x lr_scale x schedule), step; the norm before clipping
+        (a tensor: read when a progress line is written)."""
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         max_norm = self.cfg.train.max_grad_norm or float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm).detach()
         factor = self.schedule.factor(self.step + 1)
         for group in self.optimizer.param_groups:
             group["lr"] = self.cfg.optim.lr * group["lr_scale"] * factor
@@ -154,7 +158,8 @@ class Trainer:
             self._say_finished()
             return {}
         reporter = Reporter(self.run_dir, self.cfg.log, cfg.max_steps, p.step, self.ctx.main)
-        batches = iter(self.sampler)
+        # on a GPU the next batches are collated and pinned in a thread while the device computes
+        batches = Prefetcher(self.sampler) if self.ctx.device.type == "cuda" else iter(self.sampler)
         epochs_logged = self.sampler.completed_epochs()
         last_metrics: dict = {}
         try:
@@ -182,6 +187,8 @@ class Trainer:
                 if p.step % cfg.save_every == 0 or end or stop:
                     self.save()
         finally:
+            if isinstance(batches, Prefetcher):
+                batches.close()
             reporter.close()
         return last_metrics
 
@@ -225,15 +232,20 @@ class Trainer:
             return True
         return False
 
-    def _report(self, reporter: Reporter, grad_norm: float) -> None:
-        """The statistics summed since the last line, over every rank: one progress line."""
+    def _report(self, reporter: Reporter, grad_norm: torch.Tensor) -> None:
+        """The statistics summed since the last line, over every rank: one progress line (the one
+        place where the loop waits for the device's statistics)."""
         pending = self.progress.pending
-        keys = sorted(pending.values)
-        totals = distributed.all_reduce_sum([pending.values[k] for k in keys] + [pending.seconds], self.ctx)
+        waited = time.time()
+        values, norm = pending.floats(), float(grad_norm)  # waits for the device to finish the steps
+        pending.seconds += time.time() - waited  # so the steps' time is the device's, not the launches'
+        keys = sorted(values)
+        totals = distributed.all_reduce_sum([values[k] for k in keys] + [pending.seconds], self.ctx)
         stats = dict(zip(keys, totals[:-1]))
         seconds = totals[-1] / self.ctx.world
         lr = self.optimizer.param_groups[0]["lr"]
-        reporter.train(self.step, stats, lr, grad_norm, stats.get("tokens", 0.0) / max(seconds, 1e-9), seconds)
+        tok_per_s = stats.get("tokens", 0.0) / max(seconds, 1e-9)
+        reporter.train(self.step, stats, lr, norm, tok_per_s, seconds)
         self.progress.pending = StepStats()
 
     # ------------------------------------------------------------------ validation
@@ -270,10 +282,20 @@ class Trainer:
                     _, s = self._losses(batch, training=False)
                 stats.add(s)
         stats.add(analysis_stats)
-        metrics = summarize(stats.values)
+        metrics = summarize(stats.floats())
         for metric in self.metrics:
             metrics.update(metric(self.model, v))
         return metrics
+
+
+def compiled(module: torch.nn.Module, setting: str, device: torch.device) -> torch.nn.Module:
+    """``module`` compiled by ``torch.compile`` when ``train.compile`` asks for it (``auto``: on CUDA),
+    else itself. Dynamic shapes: token-budget batches change shape every step, and one compilation
+    must serve them all (a static one recompiles per shape and gives up after a few)."""
+    if setting == "off" or (setting == "auto" and device.type != "cuda"):
+        return module
+    log.info("train.compile=%s: the first training steps compile the model (a minute or more)", setting)
+    return torch.compile(module, dynamic=True)
 
 
 def train(cfg: Config, config_path: Optional[str] = None) -> dict:

@@ -1,0 +1,91 @@
+"""``step_ops``: what one training step of every model dispatches, the CPU proxy of a GPU step's cost
+(issue 40). On a GPU a step of these models is bound by how many kernels the host launches and how
+often it waits for the device; both follow from the operators a step dispatches, which any CPU can
+count. Per model and kernel path (``packed``: the CPU's; ``fused``: the GPU's, run here on the CPU):
+ATen operators per step (forward, loss, backward, Adam) and the host synchronisations among them
+(``onmt_doc.train.host_syncs``). On CUDA the same step is also profiled: kernel launches and the
+synchronisations torch's sync debug mode reports. Random weights at one shape, as ``model_speed``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+from benchmarks.stages.speed import ModelSpeedParams, SpeedData, _step_fn, build
+from benchmarks.suite.stage import StageContext, stage
+
+
+@dataclass
+class StepOpsParams:
+    models: list = field(default_factory=lambda: ["transformer", "g_transformer", "hm_gdc", "mhplstm"])
+    paths: list = field(default_factory=lambda: ["packed", "fused"])
+    d_model: int = 64
+    layers: int = 2
+    heads: int = 4
+    ff: int = 128
+    vocab: int = 1000
+    batch_tokens: int = 2048
+    amp: str = "fp32"  # bf16 on CUDA (the flash kernel's types)
+
+
+@stage("step_ops", StepOpsParams)
+def step_ops(p: StepOpsParams, ctx: StageContext) -> None:
+    """One record per (model, path): operators and host syncs per step; on CUDA, launches and syncs."""
+    import torch
+
+    try:
+        from onmt_doc.modules import kernel_paths
+    except ImportError:  # a library from before the fused path: its one path is the packed one
+        kernel_paths = None
+    from onmt_doc.train.host_syncs import OpCounter
+
+    shape = ModelSpeedParams(models=p.models, d_model=p.d_model, layers=p.layers, heads=p.heads, ff=p.ff,
+                             vocab=p.vocab, batch_tokens=p.batch_tokens, warmup_steps=1, train_steps=1)  # fmt: skip
+    data = SpeedData(shape, ctx)
+    for name in p.models:
+        model, cfg = build(name, shape, data.codec)
+        model = model.to(ctx.device).train()
+        batches = data.batches(model.unit)
+        step = _step_fn(model, cfg, ctx.device, p.amp)
+        for path in p.paths if kernel_paths else ["packed"]:
+            forced = kernel_paths.forced(path) if kernel_paths else _nothing()
+            with forced:
+                step(batches[0])  # lazy state (optimizer) outside the count
+                with OpCounter() as ops:
+                    step(batches[1])
+                row = {"model": name, "path": path, "ops_per_step": ops.total, "host_syncs": ops.syncs,
+                       "sync_ops": dict(ops.sync_ops), "target_tokens": batches[1].n_tgt_tokens}  # fmt: skip
+                if ctx.device == "cuda":
+                    row.update(_cuda_counts(step, batches[1]))
+            ctx.record(**row)
+        del model, step
+        if ctx.device == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _cuda_counts(step, batch) -> dict:
+    """Kernel launches (profiler) and host synchronisations (torch's sync debug mode) of one step."""
+    import torch
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        step(batch)
+        torch.cuda.synchronize()
+    launches = sum(e.count for e in prof.key_averages() if "LaunchKernel" in e.key)
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            step(batch)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = sum(1 for w in caught if "synchroniz" in str(w.message).lower())
+    return {"cuda_launches": launches, "cuda_syncs": syncs}
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc) -> None:
+        return None
