@@ -19,6 +19,7 @@ from typing import Optional
 
 from benchmarks.stages.training import checkpoint, system_config, train_system
 from benchmarks.suite.stage import StageContext, stage
+from benchmarks.suite.text_files import read_lines, tokenizer, write_lines
 
 SETUP = "bash ../shared/peers/setup_peers.sh"
 MARKUP_TOKENS = 3  # <s> </s> <eos>: what onmt_doc's logged target tokens count on top of the subwords
@@ -47,17 +48,6 @@ def peer_venv(venv: str) -> Optional[str]:
     home = os.environ.get("PEERS_DIR", os.path.expanduser("~/.cache/onmt-peers"))
     path = venv or os.path.join(home, "venv")
     return path if os.path.exists(os.path.join(path, "bin", "onmt_train")) else None
-
-
-def read_lines(path: str) -> list[str]:
-    with open(path, encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f]
-
-
-def write_lines(path: str, lines: list[str]) -> str:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("".join(line + "\n" for line in lines))
-    return path
 
 
 def multi30k(ctx: StageContext, train_lines: int, test_lines: int) -> dict:
@@ -106,13 +96,6 @@ def translate_ours(ckpt: str, data: dict, device: str, out: str, **options) -> d
     write_lines(out, hyps)
     row = {"sentences": len(src), "translate_s": seconds, "sent_per_s": len(src) / seconds}
     return {**row, **scores(hyps, read_lines(data["test"]["de"]))}
-
-
-def tokenizer(subword_model: str):
-    """Our learned BPE as pyonmttok applies it, so OpenNMT-py sees exactly our subwords."""
-    import pyonmttok
-
-    return pyonmttok.Tokenizer("aggressive", joiner_annotate=True, bpe_model_path=subword_model)
 
 
 def tokenize_splits(tok, data: dict, out: str) -> float:
@@ -244,6 +227,3 @@ def peer_opennmt(p: PeerParams, ctx: StageContext) -> None:
             speeds.setdefault(r["toolkit"], []).append(r["sent_per_s"])
     mean = {k: sum(v) / len(v) for k, v in speeds.items()}
     ctx.record(what="ratio", translate_sent_per_s=mean["onmt_doc float32"] / mean["OpenNMT-py"])
-
-
-from benchmarks.peers import export  # noqa: E402,F401  (registers the ctranslate2 stage)

@@ -184,7 +184,7 @@ def _status(results: str, name: str, status: str, seconds: float, why: str = "")
 
 def run_stage(spec: Spec, name: str, out: str, smoke: bool, data: str, device: str, deadline: Optional[float]) -> int:
     """The child's side: run one stage in this process (``--only``)."""
-    from benchmarks.stages import STAGES
+    from benchmarks.stage_types import STAGES
 
     st = next((s for s in spec.stages if s.name == name), None)
     if st is None:

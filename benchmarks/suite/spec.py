@@ -146,7 +146,7 @@ def _system(name: str, raw: Any, where: str) -> System:
 
 
 def _stage(index: int, raw: Any, spec: Spec) -> StageSpec:
-    from benchmarks.stages import STAGES  # fills the registry
+    from benchmarks.stage_types import STAGES  # fills the registry
 
     where = f"{spec.path}: stages[{index}]"
     st = fill(StageSpec, raw, where)
@@ -170,7 +170,7 @@ def _as_list(value: Any) -> list:
 
 def stage_params(spec: Spec, st: StageSpec, smoke: bool) -> Any:
     """The stage's parameter dataclass, smoke overrides applied when ``smoke``."""
-    from benchmarks.stages import STAGES
+    from benchmarks.stage_types import STAGES
 
     entry = STAGES.get(st.type)
     return fill(entry.config, {**st.params, **(st.smoke if smoke else {})}, f"{spec.path}: {st.name}")
