@@ -8,6 +8,7 @@ synthetic pairs.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import subprocess
@@ -22,7 +23,7 @@ from conftest import tiny_config
 from model_helpers import toy_codec
 
 from onmt_doc.config import config_from_dict
-from onmt_doc.data.batching import BatchSampler, CorpusMix, collate, example_lengths
+from onmt_doc.data.batching import BatchSampler, CorpusMix, collate, example_lengths, make_batch
 from onmt_doc.data.cache import binarize, cache_key, load_mapped, load_tokenized
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import read_parallel
@@ -135,6 +136,39 @@ def test_mapped_instances_equal_the_in_memory_pipeline(corpora, tmp_path, unit, 
         first = BatchSampler(ref, 300, seed=5).epoch_batches(0)[0]
         batch_ref, batch_map = collate([ref[i] for i in first]), collate([mapped[i] for i in first])
         assert batch_ref.src.equal(batch_map.src) and batch_ref.tgt_out.equal(batch_map.tgt_out)
+
+
+def same_batch(a, b) -> list[str]:
+    """The Batch fields on which ``a`` and ``b`` differ (tensors by value and dtype)."""
+    differ = []
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if f.name in ("host", "indices"):
+            continue
+        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            if x is None or y is None or x.dtype != y.dtype or not torch.equal(x, y):
+                differ.append(f.name)
+        elif f.name == "extra":
+            if x.keys() != y.keys() or any(not torch.equal(x[k], y[k]) for k in x):
+                differ.append(f.name)
+        elif x != y:
+            differ.append(f.name)
+    return differ
+
+
+@pytest.mark.parametrize("unit,options", CASES, ids=IDS)
+def test_batches_read_from_the_mapped_corpus_equal_collated_examples(corpora, tmp_path, unit, options):
+    """make_batch reads a batch of mapped instances in one gather per side: every field equals
+    collate() of the Examples, for batches the sampler gives and for random index sets."""
+    rng = np.random.default_rng(3)
+    for src, tgt, codec in corpora:
+        corpus, _ = load_mapped(src, tgt, codec, True, 0, str(tmp_path))
+        mapped = MappedExamples(corpus, unit, UnitOptions(**{"max_tokens": 512, **options}))
+        sets = BatchSampler(mapped, 300, seed=5).epoch_batches(0)[:5]
+        sets += [rng.choice(len(mapped), size=min(n, len(mapped)), replace=False) for n in (1, 7, 40)]
+        for idx in sets:
+            fast, slow = make_batch(mapped, idx), collate([mapped[i] for i in idx], idx)
+            assert not same_batch(fast, slow), (unit, same_batch(fast, slow))
 
 
 def test_several_corpora_give_the_same_mixed_batches_and_digest(corpora, tmp_path):

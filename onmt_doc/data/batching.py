@@ -10,7 +10,7 @@ import torch
 from onmt_doc.contracts import TARGET_ROWS_MULTIPLE, Batch
 from onmt_doc.data.instances import Example
 from onmt_doc.data.lengths import Lengths
-from onmt_doc.data.mapped import IndexedExamples
+from onmt_doc.data.mapped import IndexedExamples, MappedExamples, Rows
 from onmt_doc.data.vocab import BOS_ID, EOS_ID, PAD_ID, SOS_ID, SPECIALS, UNK_ID
 
 
@@ -26,16 +26,20 @@ def group_tags(ids: torch.Tensor) -> torch.Tensor:
     return tags
 
 
-def _pad(seqs: Sequence[np.ndarray], prefix: Optional[int] = None, suffix: Optional[int] = None) -> np.ndarray:
+def _pad(flat: np.ndarray, lens: np.ndarray, prefix: Optional[int] = None, suffix: Optional[int] = None) -> np.ndarray:
+    """Rows of ``lens`` ids, one after the other in ``flat``, as a [R, max + extras] array padded with
+    ``<pad>``, each row after ``prefix`` and before ``suffix`` when given (vectorised: one scatter)."""
     extra = (prefix is not None) + (suffix is not None)
-    out = np.full((len(seqs), max(len(s) for s in seqs) + extra), PAD_ID, dtype=np.int64)
+    rows = len(lens)
+    out = np.full((rows, (int(lens.max()) if rows else 0) + extra), PAD_ID, dtype=np.int64)
     start = 1 if prefix is not None else 0
-    for i, s in enumerate(seqs):
-        if prefix is not None:
-            out[i, 0] = prefix
-        out[i, start : start + len(s)] = s
-        if suffix is not None:
-            out[i, start + len(s)] = suffix
+    row = np.repeat(np.arange(rows), lens)
+    col = np.arange(len(flat)) - np.repeat(np.cumsum(lens) - lens, lens) + start
+    out[row, col] = flat
+    if prefix is not None:
+        out[:, 0] = prefix
+    if suffix is not None:
+        out[np.arange(rows), lens + start] = suffix
     return out
 
 
@@ -56,29 +60,57 @@ def sentence_rows(examples: Sequence[Example]) -> tuple[list[Example], list[int]
     return rows, owner
 
 
+def _flat(seqs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    lens = np.fromiter((len(x) for x in seqs), dtype=np.int64, count=len(seqs))
+    return (np.concatenate(seqs).astype(np.int64) if len(seqs) else np.zeros(0, np.int64)), lens
+
+
+def example_rows(examples: Sequence[Example]) -> Rows:
+    """The batch rows of ``examples`` (a context instance gives one row per sentence) as flat streams."""
+    rows, owner = sentence_rows(examples)
+    src, src_lens = _flat([e.src for e in rows])
+    tgt, tgt_lens = _flat([e.tgt for e in rows]) if rows and rows[0].tgt is not None else (None, None)
+    extra = {key: _flat([e.extra[key] for e in rows]) for key in (rows[0].extra if rows else {})}
+    first = np.fromiter((e.first for e in rows), dtype=np.int64, count=len(rows))
+    return Rows(src, src_lens, tgt, tgt_lens, np.asarray(owner, dtype=np.int64), first, extra)
+
+
 def collate(examples: Sequence[Example], indices: Optional[np.ndarray] = None) -> Batch:
     """Padded tensors of ``examples``; a context instance gives one row per sentence, and
     ``doc_index`` says which example (document window) each row comes from."""
-    examples, owner = sentence_rows(examples)
-    src = _pad([e.src for e in examples])
+    return collate_rows(example_rows(examples), indices)
+
+
+def make_batch(examples: Sequence[Example], idx: np.ndarray) -> Batch:
+    """The batch of ``examples[i] for i in idx``: read straight from the mapped corpus when the
+    examples are mapped instances (no Example made), else :func:`collate` of them."""
+    if isinstance(examples, MappedExamples):
+        return collate_rows(examples.batch_rows(idx), idx)
+    return collate([examples[i] for i in idx], idx)
+
+
+def collate_rows(rows: Rows, indices: Optional[np.ndarray] = None) -> Batch:
+    """The Batch of ``rows``: every tensor padded here, the host-side counts and positions
+    (``n_*``, ``tgt_index``) computed here, so nothing has to be read back from a GPU."""
+    src = _pad(rows.src, rows.src_lens)
     batch = Batch(
         src=torch.from_numpy(src),
         src_groups=torch.from_numpy(group_tags(src)),
-        doc_index=torch.tensor(owner),
-        first_sent=torch.tensor([e.first for e in examples]),
+        doc_index=torch.from_numpy(rows.owner),
+        first_sent=torch.from_numpy(rows.first),
         n_src_tokens=int((src != PAD_ID).sum()),
         indices=indices,
     )
-    if examples[0].tgt is not None:
-        tgt_in = _pad([e.tgt for e in examples], prefix=BOS_ID)
-        tgt_out = _pad([e.tgt for e in examples], suffix=EOS_ID)
+    if rows.tgt is not None:
+        tgt_in = _pad(rows.tgt, rows.tgt_lens, prefix=BOS_ID)
+        tgt_out = _pad(rows.tgt, rows.tgt_lens, suffix=EOS_ID)
         batch.tgt_in, batch.tgt_out = torch.from_numpy(tgt_in), torch.from_numpy(tgt_out)
         batch.tgt_groups = torch.from_numpy(group_tags(tgt_in))
         batch.tgt_index = torch.from_numpy(target_index(tgt_out))
         batch.n_tgt_tokens = int((tgt_out != PAD_ID).sum())
         batch.n_tgt_words = int(((tgt_out >= len(SPECIALS)) | (tgt_out == UNK_ID)).sum())
-        for key in examples[0].extra:
-            batch.extra[key] = torch.from_numpy(_pad([e.extra[key] for e in examples], suffix=0))
+        for key, (flat, lens) in rows.extra.items():
+            batch.extra[key] = torch.from_numpy(_pad(flat, lens, suffix=0))
     return batch
 
 
@@ -286,7 +318,7 @@ class BatchSampler:
             while position < len(batches):
                 idx = batches[position]
                 position += 1
-                yield collate([self.examples[i] for i in idx], idx), epoch, position
+                yield make_batch(self.examples, idx), epoch, position
             epoch, position = epoch + 1, 0
 
     def completed_epochs(self) -> int:

@@ -334,6 +334,19 @@ def instance_bounds(corpus: MappedCorpus, unit: str, o: UnitOptions) -> tuple[np
     raise ValueError(f"no mapped instances for unit '{unit}'")
 
 
+@dataclass
+class Rows:
+    """A batch's rows as flat id streams: what ``batching.collate_rows`` pads into a Batch."""
+
+    src: np.ndarray  # int64 ids of every row's source, row after row (markup included)
+    src_lens: np.ndarray  # [R] ids of each row's source
+    tgt: Optional[np.ndarray]  # the same for the targets (None when translating)
+    tgt_lens: Optional[np.ndarray]
+    owner: np.ndarray  # [R] the instance (position in the batch's index list) each row comes from
+    first: np.ndarray  # [R] each row's first sentence in its document
+    extra: dict = field(default_factory=dict)  # name -> (flat values, [R] lengths): per-target-token fields
+
+
 class IndexedExamples(Sequence[Example]):
     """Examples made on demand, whose batching lengths and fingerprint digest are computed without
     making them (``batching.example_lengths`` and ``run_folder.examples_digest`` ask these)."""
@@ -411,6 +424,31 @@ class MappedExamples(IndexedExamples):
             ex.sent_lens = np.stack([np.diff(c.src_offsets[a : b + 1]), np.diff(c.tgt_offsets[a : b + 1])], axis=1) + 2
         return ex
 
+    def batch_rows(self, idx: np.ndarray) -> "Rows":
+        """The batch rows of instances ``idx`` as ``collate`` makes them from ``[self[i] for i in
+        idx]``, read in one gather per side instead of one Example at a time (a batch of short
+        sentences is ~600 of them: making each in Python cost more than a GPU step)."""
+        c, idx = self.corpus, np.asarray(idx, dtype=np.int64)
+        a, b = self.a[idx], self.b[idx]
+        ta, tb = (b - 1, b) if self.unit == "k_to_1" else (a, b)
+        first = ta if self.unit == "k_to_1" else a
+        if self.unit == "context":  # every sentence of a window is a row of its own
+            sents = _ranges(a, b)
+            owner = np.repeat(np.arange(len(idx), dtype=np.int64), b - a)
+            src = gather(c.src, c.src_offsets, sents, self.markup)
+            tgt = gather(c.tgt, c.tgt_offsets, sents, self.markup)
+            extra = 2 if self.markup else 0
+            src_lens, tgt_lens = c.lengths("src")[sents] + extra, c.lengths("tgt")[sents] + extra
+            doc_start = c.doc_offsets[np.searchsorted(c.doc_offsets, sents, side="right") - 1]
+            return Rows(src, src_lens, tgt, tgt_lens, owner, sents - doc_start)
+        src = gather(c.src, c.src_offsets, _ranges(a, b), self.markup)
+        tgt = gather(c.tgt, c.tgt_offsets, _ranges(ta, tb), self.markup)
+        doc_start = c.doc_offsets[np.searchsorted(c.doc_offsets, a, side="right") - 1]
+        owner = np.arange(len(idx), dtype=np.int64)
+        return Rows(
+            src, self._marked_sums("src", a, b), tgt, self._marked_sums("tgt", ta, tb), owner, first - doc_start
+        )
+
     def _marked(self, ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         """Consecutive sentences' ``ids`` (their ``offsets``) as the instance holds them (int64)."""
         return mark_concat(ids, np.diff(offsets)) if self.markup else ids.astype(np.int64)
@@ -419,7 +457,11 @@ class MappedExamples(IndexedExamples):
         return (self.b - 1 if self.unit == "k_to_1" else self.a), self.b
 
     def _marked_sums(self, side: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        cs = np.concatenate([[0], np.cumsum(self.corpus.lengths(side) + (2 if self.markup else 0))])
+        """Marked ids of sentences [a, b) of one side, per instance (cumulative sums kept: every batch asks)."""
+        cache = self.__dict__.setdefault("_cumsums", {})
+        if side not in cache:
+            cache[side] = np.concatenate([[0], np.cumsum(self.corpus.lengths(side) + (2 if self.markup else 0))])
+        cs = cache[side]
         return cs[b] - cs[a]
 
     def lengths(self) -> Lengths:
