@@ -428,3 +428,30 @@ def test_cxmi_mistakes_are_one_line_errors(trained_run, tmp_path, capsys):
         assert evaluate_main(args) == 1
         err = capsys.readouterr().err.strip()
         assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_bleu_confidence_interval_around_sacrebleus_corpus_bleu():
+    """The point estimate is sacreBLEU's corpus BLEU (s-BLEU and d-BLEU), the interval contains it,
+    narrows with more documents and is the same for the same seed."""
+    import random
+
+    from onmt_doc.evaluation.corpus_metrics import bleu_ci, d_bleu, s_bleu
+
+    rng = random.Random(0)
+    words = "the a cat dog sat ran on under mat tree house red".split()
+
+    def doc(n):
+        refs = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 9))) for _ in range(n)]
+        hyps = [" ".join(w if rng.random() < 0.7 else rng.choice(words) for w in r.split()) for r in refs]
+        return hyps, refs
+
+    docs = [doc(rng.randint(1, 6)) for _ in range(80)]
+    hyp_docs, ref_docs = [h for h, _ in docs], [r for _, r in docs]
+    point, low, high = bleu_ci(hyp_docs, ref_docs, samples=300)
+    assert point == pytest.approx(s_bleu([h for d in hyp_docs for h in d], [r for d in ref_docs for r in d]), abs=1e-9)
+    assert low < point < high
+    d_point, d_low, d_high = bleu_ci(hyp_docs, ref_docs, level="document", samples=300)
+    assert d_point == pytest.approx(d_bleu(hyp_docs, ref_docs), abs=1e-9) and d_low < d_point < d_high
+    assert bleu_ci(hyp_docs, ref_docs, samples=300) == (point, low, high)
+    few = bleu_ci(hyp_docs[:10], ref_docs[:10], samples=300)
+    assert few[2] - few[1] > high - low

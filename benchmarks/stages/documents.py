@@ -13,13 +13,15 @@ the numbers show whether context is used, not the papers' BLEU."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
-import random
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Optional
 
 from benchmarks.stages.training import Profile, checkpoint, free_memory, share_vocab, system_config, train_system
+from benchmarks.suite.spec import REPO
 from benchmarks.suite.stage import StageContext, stage
 
 DOMAINS = ("ted", "news", "europarl")
@@ -110,109 +112,32 @@ def evaluate(ctx: StageContext, p: DocumentsParams, name: str, ckpt: str, data: 
 
 
 def ablated(docs: tuple[Docs, Docs], condition: str, seed: int) -> tuple[Docs, Docs]:
-    """The (source, reference) documents with their true context, none (each sentence alone) or
-    shuffled (the same document lengths filled with a random permutation of all sentences, so
-    each sentence sits among other documents' sentences). Every condition scores the same
-    sentences, so the summed log-probabilities compare."""
-    src, ref = docs
-    if condition == "true":
-        return src, ref
-    pairs = [(s, r) for ds, dr in zip(src, ref) for s, r in zip(ds, dr)]
-    if condition == "none":
-        return [[s] for s, _ in pairs], [[r] for _, r in pairs]
-    random.Random(seed).shuffle(pairs)
-    out_s, out_r, i = [], [], 0
-    for d in src:
-        chunk = pairs[i : i + len(d)]
-        out_s.append([s for s, _ in chunk])
-        out_r.append([r for _, r in chunk])
-        i += len(d)
-    return out_s, out_r
+    """The recipe's context ablation (recipes/docmt-en-de/run.py): true, none or shuffled context."""
+    return recipe().ablated(docs, condition, seed)
 
 
-# ----------------------------------------------------------------------------- data
-
-
-def read_docs(path: str) -> Docs:
-    """Documents of a file in which blank lines separate documents."""
-    docs, cur = [], []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.rstrip("\n")
-            if line.strip():
-                cur.append(line)
-            elif cur:
-                docs.append(cur)
-                cur = []
-    return docs + ([cur] if cur else [])
-
-
-def write_docs(path: str, docs: Docs) -> str:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n\n".join("\n".join(d) for d in docs) + "\n")
-    return path
-
-
-def _pair(data: str, split: str, domain: str) -> tuple[Docs, Docs]:
-    src = read_docs(os.path.join(data, "docmt-en-de", f"{domain}.{split}.en"))
-    tgt = read_docs(os.path.join(data, "docmt-en-de", f"{domain}.{split}.de"))
-    if [len(d) for d in src] != [len(d) for d in tgt]:
-        raise ValueError(f"docmt-en-de/{domain}.{split}: source and target documents are not aligned")
-    return src, tgt
-
-
-def _first_sentences(docs: tuple[Docs, Docs], limit: int) -> tuple[Docs, Docs]:
-    """Whole documents from the start, up to ``limit`` sentences (at least one document)."""
-    if not limit:
-        return docs
-    n, total = 0, 0
-    while n < len(docs[0]) and (n == 0 or total + len(docs[0][n]) <= limit):
-        total += len(docs[0][n])
-        n += 1
-    return docs[0][:n], docs[1][:n]
+def recipe():
+    """recipes/docmt-en-de/run.py as a module (a folder with a hyphen is no package): the recipe a user
+    runs and these stages share its data preparation, ablation and (``docmt_recipe``) everything."""
+    if "docmt_recipe" not in sys.modules:
+        path = os.path.join(REPO, "recipes", "docmt-en-de", "run.py")
+        spec = importlib.util.spec_from_file_location("docmt_recipe", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["docmt_recipe"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["docmt_recipe"]
 
 
 def prepare(ctx: StageContext, p: DocumentsParams) -> dict:
-    """Training, validation and pre-training files under the stage's folder; the test and ablation
-    documents in memory."""
-    work = ctx.work_dir("data")
-    train, valid = {"en": [], "de": []}, {"en": [], "de": []}
-    test, ablation = {}, ([], [])
-    for domain in p.domains:
-        src, tgt = _pair(ctx.data, "dev", domain)
-        keep = len(src) - p.held_out_docs
-        if keep < 1:
-            raise ValueError(f"docmt-en-de/{domain}.dev has {len(src)} documents; held_out_docs={p.held_out_docs}")
-        first = min(keep, p.train_docs) if p.train_docs else keep
-        for side, docs in (("en", src), ("de", tgt)):
-            train[side] += docs[:first]
-            valid[side] += docs[keep:]
-        test[domain] = _first_sentences(_pair(ctx.data, "test", domain), p.test_sentences)
-        a_src, a_ref = _first_sentences(_pair(ctx.data, "test", domain), p.ablation_sentences)
-        ablation[0].extend(a_src)
-        ablation[1].extend(a_ref)
-    paths = {"test": test, "ablation": ablation}
-    for side in ("en", "de"):
-        paths[f"doc.{side}"] = write_docs(os.path.join(work, f"train.{side}"), train[side])
-        paths[f"valid.{side}"] = write_docs(os.path.join(work, f"valid.{side}"), valid[side])
-        lines = []
-        for rel in (f"multi30k-en-de/train.{side}", f"news-sent-en-de/newstest2008-2013.{side}"):
-            with open(os.path.join(ctx.data, rel), encoding="utf-8") as f:
-                lines += [line for line in f if line.strip()]
-        lines += [s + "\n" for d in train[side] for s in d]
-        paths[f"pretrain.{side}"] = os.path.join(work, f"pretrain.{side}")
-        with open(paths[f"pretrain.{side}"], "w", encoding="utf-8") as f:
-            f.writelines(lines[-p.pretrain_lines :] if p.pretrain_lines else lines)
-    n_pre = sum(1 for _ in open(paths["pretrain.en"], encoding="utf-8"))
-    ctx.record(
-        data="docmt-en-de",
-        train_docs=len(train["en"]),
-        train_sentences=sum(map(len, train["en"])),
-        valid_docs=len(valid["en"]),
-        pretrain_pairs=n_pre,
-        test_sentences={d: sum(map(len, test[d][0])) for d in test},
-    )
-    return paths
+    """The recipe's files under the stage's folder (training, validation, pre-training) and the test and
+    ablation documents in memory, the ablation ones of every domain together."""
+    r = recipe()
+    opt = r.Options(ctx.data, ctx.work_dir(), held_out_docs=p.held_out_docs, test_sentences=p.test_sentences,
+                    ablation_sentences=p.ablation_sentences, train_docs=p.train_docs,
+                    pretrain_lines=p.pretrain_lines, domains=list(p.domains))  # fmt: skip
+    data = r.prepare(opt, ctx.record)
+    data["ablation"] = r.ablation_docs(data, list(p.domains))
+    return data
 
 
 def _data(paths: dict, which: str) -> dict:
@@ -223,3 +148,28 @@ def _data(paths: dict, which: str) -> dict:
             "valid": {"src": paths["valid.en"], "tgt": paths["valid.de"]},
         }
     }
+
+
+@dataclass
+class RecipeParams:
+    minutes: float = 10.0  # the recipe's whole budget (capped by the stage's)
+    systems: list = field(
+        default_factory=lambda: ["sentence", "sentence_ft", "g_transformer", "hm_gdc", "k_to_1", "k_to_k"]
+    )
+    test_sentences: int = 600
+    ablation_sentences: int = 300
+    held_out_docs: int = 4
+    bootstrap: int = 1000
+
+
+@stage("docmt_recipe", RecipeParams)
+def docmt_recipe(p: RecipeParams, ctx: StageContext) -> None:
+    """recipes/docmt-en-de/run.py in this process, its rows recorded as the stage's (issue 41)."""
+    r = recipe()
+    minutes = min(p.minutes, max(ctx.seconds_left() - 30, 60) / 60)
+    opt = r.Options(ctx.data, ctx.work_dir("recipe"), ctx.device, minutes, ctx.smoke, list(p.systems),
+                    held_out_docs=p.held_out_docs, test_sentences=p.test_sentences,
+                    ablation_sentences=p.ablation_sentences, bootstrap=p.bootstrap)  # fmt: skip
+    if ctx.smoke:
+        opt.test_sentences, opt.ablation_sentences, opt.bootstrap, opt.check_cpu_sentences = 12, 8, 50, 4
+    r.run(opt, ctx.record)

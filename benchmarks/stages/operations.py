@@ -427,7 +427,7 @@ def stall(port: int, docs: list, chars: int, length: int = 1500) -> dict:
 def server_load(p: ServerParams, ctx: StageContext) -> None:
     """Train the toy model, then per server setting: warm-up, each client level, the stall test."""
     import onmt_doc.bin.server  # noqa: F401  (imported once, before the servers are forked)
-    from benchmarks.stages.documents import read_docs
+    from benchmarks.suite.text_files import read_docs
     from onmt_doc.toy.corpus import write_corpus
 
     data, run_dir = ctx.work_dir("toy"), ctx.work_dir("model")

@@ -32,9 +32,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from benchmarks.stages.documents import read_docs, write_docs
 from benchmarks.stages.training import checkpoint, free_memory, share_vocab, system_config, train_system
 from benchmarks.suite.stage import StageContext, stage
+from benchmarks.suite.text_files import read_docs, write_docs
 
 Docs = list[list[str]]
 CONCAT_SETS = [f"multi30k-en-de/{n}" for n in ("train", "valid", "test2016")] + ["news-sent-en-de/newstest2008-2013"]

@@ -22,3 +22,24 @@ def tokenizer(subword_model: str):
     import pyonmttok
 
     return pyonmttok.Tokenizer("aggressive", joiner_annotate=True, bpe_model_path=subword_model)
+
+
+def read_docs(path: str) -> list[list[str]]:
+    """Documents of a file in which blank lines separate documents."""
+    docs, cur = [], []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.rstrip("\n")
+            if line.strip():
+                cur.append(line)
+            elif cur:
+                docs.append(cur)
+                cur = []
+    return docs + ([cur] if cur else [])
+
+
+def write_docs(path: str, docs: list[list[str]]) -> str:
+    """Documents one sentence a line, a blank line between documents; returns ``path``."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n\n".join("\n".join(d) for d in docs) + "\n")
+    return path
