@@ -15,7 +15,8 @@
    context: s-BLEU and nats per word) and CXMI; every system's validation curve. Each row is written to
    ``OUT/results.jsonl`` and ``OUT/table.md`` when measured, so a cut-off run reports what finished.
 4. A GPU checkpoint is a user's: the best document model translates a few test documents greedily on
-   the GPU and on the CPU, and the row says how many sentences agree.
+   the GPU and on the CPU, and the row says how many sentences agree; the concatenation model exported
+   to CTranslate2 does the same against onmt_doc's own translations.
 
 README.md beside this file says why each setting is what it is. The GPU spec's ``documents`` stage
 (benchmarks/specs/gpu.yaml) runs this same code (:func:`run`).
@@ -330,6 +331,29 @@ def check_cpu(opt: Options, trained: dict, data: dict, record: Record, deadline:
     same = sum(a == b for a, b in zip(other, cpu))
     record(system=name, check="greedy on the training device vs the CPU", devices=list(outs), sentences=len(cpu),
            identical=same)  # fmt: skip
+    export_check(opt, trained, src, record)
+
+
+def export_check(opt: Options, trained: dict, src: Docs, record: Record) -> None:
+    """The concatenation models export to CTranslate2 (the G-Transformer and HM-GDC do not): greedy
+    translations of the export against onmt_doc's own, on the CPU (skipped without ctranslate2)."""
+    import importlib.util
+
+    from onmt_doc import Translator
+    from onmt_doc.export.ctranslate2 import export_ctranslate2
+
+    name = next((n for n in ("k_to_k", "k_to_1") if n in trained), None)
+    if name is None:
+        return
+    if importlib.util.find_spec("ctranslate2") is None:
+        record(system=name, check="CTranslate2 export", skipped="ctranslate2 is not installed")
+        return
+    folder = os.path.join(opt.out, name, "ctranslate2")
+    export_ctranslate2(trained[name], folder, force=True)
+    ours = [h for d in Translator.load(trained[name], device="cpu", beam=1).translate(src) for h in d]
+    theirs = [h for d in Translator.load(folder, device="cpu", engine="ctranslate2", beam=1).translate(src) for h in d]
+    record(system=name, check="CTranslate2 export, greedy, vs onmt_doc (CPU)", devices=["cpu"], sentences=len(ours),
+           identical=sum(a == b for a, b in zip(ours, theirs)))  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- the command
