@@ -34,8 +34,8 @@ docs/extending.md walks through one complete part of each kind; docs/architectur
 ("Interfaces") tells the same contracts from the side of the trainer and the search.
 
 This module sits below the data pipeline and the building blocks (docs/architecture.md, "Layers"): it
-imports torch, numpy and the standard library only, so any layer may import it and no contract drags
-in an implementation.
+imports torch, numpy, the standard library and ``devices`` (the kernel-path rule) only, so any layer may
+import it and no contract drags in an implementation.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ from typing import Any, ClassVar, Optional
 import numpy as np
 import torch
 from torch import nn
+
+from onmt_doc.devices import fused
 
 TARGET_ROWS_MULTIPLE = 8  # the output layer's row count is padded to this (see Batch.tgt_index)
 
@@ -167,7 +169,11 @@ class _Moves:
 
     @staticmethod
     def of(index: torch.Tensor) -> "_Moves":
-        targets = index.ne(torch.arange(index.numel(), device=index.device)).nonzero().squeeze(1)
+        """The rows that change (on the fused path every row: finding them costs a GPU a device read)."""
+        everything = torch.arange(index.numel(), device=index.device)
+        if fused(index.device):
+            return _Moves(index, everything, index)
+        targets = index.ne(everything).nonzero().squeeze(1)
         return _Moves(index, targets, index.index_select(0, targets))
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:

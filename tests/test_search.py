@@ -296,3 +296,27 @@ def test_beam_reorders_that_copy_and_swap_rows_keep_every_row_exact(name, device
     for t, rows, log_probs in steps:
         real = batch.tgt_out[rows, t].ne(PAD_ID)
         assert torch.allclose(log_probs[real], forced[rows, t][real], atol=1e-5), (name, t)
+
+
+def test_beam_search_reads_the_device_only_where_candidates_end():
+    """On the fused (GPU) path a step's flags are read in one transfer, which no operator counts; the
+    only other reads are the rows of candidates that end (one ``nonzero`` on such a step). It read
+    ~9 values a step before (`.any()` three times, a Python list of finished counts, ``fill_holes``'
+    sizes, a forcing check, the reorder's moved rows)."""
+    from onmt_doc import devices
+    from onmt_doc.train.host_syncs import OpCounter
+
+    model, _ = random_model(TRANSFORMER)
+    batch = random_batch([(5, 7), (9, 3), (2, 6), (7, 7)])
+    search = BeamSearch(beam=4, n_best=2, max_len_ratio=1.0, max_len_add=5)
+    with devices.forced_path("fused"), OpCounter() as ops:
+        hyps = search.search(model, batch)
+    assert set(ops.sync_ops) <= {"aten.nonzero"}
+    assert ops.syncs <= sum(len(h) for h in hyps)  # at most one read per finished hypothesis
+    with devices.forced_path("fused"):
+        fused_hyps = search.search(model, batch)
+    with devices.forced_path("packed"):
+        packed_hyps = search.search(model, batch)
+    assert [[(h.tokens, h.score) for h in row] for row in fused_hyps] == [
+        [(h.tokens, h.score) for h in row] for row in packed_hyps
+    ]

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import init_from_run, make_trainer, tiny_config
 
-from onmt_doc.modules import kernel_paths
+from onmt_doc import devices
 from onmt_doc.train.host_syncs import OpCounter
 from onmt_doc.train.prefetch import Prefetcher
 
@@ -54,7 +54,7 @@ def test_a_training_step_makes_no_host_sync(name, trained_run, toy_dir, tmp_path
     trainer = _trainer(trained_run, toy_dir, tmp_path / name, MODELS[name])
     batches = iter(trainer.sampler)
     trainer.train_step([next(batches)])  # first step: lazy state (optimizer) outside the count
-    with kernel_paths.forced("fused"), OpCounter() as ops:
+    with devices.forced_path("fused"), OpCounter() as ops:
         trainer.train_step([next(batches)])
     assert ops.total > 100  # the counter saw the step
     assert ops.syncs == 0, dict(ops.sync_ops)

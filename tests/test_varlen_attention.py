@@ -9,7 +9,7 @@ import pytest
 import torch
 from test_g_transformer import dense_reference, random_tags
 
-from onmt_doc.modules import kernel_paths
+from onmt_doc import devices
 from onmt_doc.modules.group_attention import cross_plan, group_attend, self_plan
 from onmt_doc.modules.varlen_attention import SegmentPlan, padded_varlen_attention, plan_self_segments
 
@@ -53,7 +53,7 @@ def _check(plan, q64, k64, v64, dense_args, q_keep, device):
 @pytest.mark.parametrize("causal,with_bos", [(False, False), (True, True), (True, False)])
 def test_fused_self_attention_equals_dense_reference(causal, with_bos, device):
     dev, (tags, keep), _, (q, k, v) = _inputs(device, SRC_ROWS, SRC_ROWS, with_bos, with_bos)
-    with kernel_paths.forced("fused"):
+    with devices.forced_path("fused"):
         plan = self_plan(dev[0], dev[1], causal, host=(tags, keep))
     assert isinstance(plan, SegmentPlan) and plan.cu_q.numel() - 1 == sum(len(r) for r in SRC_ROWS)
     _check(plan, q, k, v, (tags, keep, tags, keep, causal), keep, device)
@@ -63,7 +63,7 @@ def test_fused_cross_attention_equals_dense_reference(device):
     """Target sentence k with source sentence k; a target sentence without its source sentence and a
     row with only <bos> get what the reference gives (zero, and the whole (empty) row)."""
     dev, (qt, qk), (kt, kk), (q, k, v) = _inputs(device, TGT_ROWS, SRC_ROWS, True, False)
-    with kernel_paths.forced("fused"):
+    with devices.forced_path("fused"):
         plan = cross_plan(*dev, q_host=(qt, qk), k_host=(kt, kk))
     assert plan.cu_q.numel() == plan.cu_k.numel() == sum(len(r) for r in SRC_ROWS) + 1  # matched sentences
     # rows whose <bos> has source keys to see (the reference gives the empty row's NaN-free zero too)

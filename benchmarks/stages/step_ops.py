@@ -34,10 +34,9 @@ def step_ops(p: StepOpsParams, ctx: StageContext) -> None:
     """One record per (model, path): operators and host syncs per step; on CUDA, launches and syncs."""
     import torch
 
-    try:
-        from onmt_doc.modules import kernel_paths
-    except ImportError:  # a library from before the fused path: its one path is the packed one
-        kernel_paths = None
+    from onmt_doc import devices
+
+    forced_path = getattr(devices, "forced_path", None)  # None: a library from before the fused path
     from onmt_doc.train.host_syncs import OpCounter
 
     shape = ModelSpeedParams(models=p.models, d_model=p.d_model, layers=p.layers, heads=p.heads, ff=p.ff,
@@ -48,8 +47,8 @@ def step_ops(p: StepOpsParams, ctx: StageContext) -> None:
         model = model.to(ctx.device).train()
         batches = data.batches(model.unit)
         step = _step_fn(model, cfg, ctx.device, p.amp)
-        for path in p.paths if kernel_paths else ["packed"]:
-            forced = kernel_paths.forced(path) if kernel_paths else _nothing()
+        for path in p.paths if forced_path else ["packed"]:
+            forced = forced_path(path) if forced_path else _nothing()
             with forced:
                 step(batches[0])  # lazy state (optimizer) outside the count
                 with OpCounter() as ops:

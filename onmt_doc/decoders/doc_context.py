@@ -21,6 +21,7 @@ from typing import Any, Callable, ClassVar, Literal, Optional
 import numpy as np
 import torch
 
+from onmt_doc import devices
 from onmt_doc.config.options import option
 from onmt_doc.contracts import Batch, DecoderOut, EncoderOut, LengthLimit, PartContext
 from onmt_doc.data.vocab import PAD_ID
@@ -31,7 +32,6 @@ from onmt_doc.decoders.transformer import (
     TransformerDecoderLayer,
     TransformerState,
 )
-from onmt_doc.modules import kernel_paths
 from onmt_doc.modules.attention import KV, MultiHeadAttention
 from onmt_doc.modules.document_packing import (
     DocumentMemory,
@@ -149,7 +149,7 @@ class DocContextDecoder(TransformerDecoder):
         src_len = enc_out.pad_mask.eq(0).sum(1)
         keep = tgt_in.ne(PAD_ID)
         buckets = row_plan(keep)
-        fused = kernel_paths.fused(tgt_in.device)  # one bucket of every row: the whole memory too, no device read
+        fused = devices.fused(tgt_in.device)  # one bucket of every row: the whole memory too, no device read
         xs, memories, masks = [], [], []
         for b in buckets:
             width = enc_out.memory.size(1) if fused else max(int(src_len.index_select(0, b.rows).max()), 1)

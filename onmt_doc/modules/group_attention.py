@@ -20,7 +20,8 @@ from typing import Optional, Union
 import torch
 import torch.nn.functional as F
 
-from onmt_doc.modules import analysis, kernel_paths
+from onmt_doc import devices
+from onmt_doc.modules import analysis
 from onmt_doc.modules.attention import attention_probs, grow_kv
 from onmt_doc.modules.document_packing import group_slots
 from onmt_doc.modules.row_buckets import bucket_rows
@@ -55,7 +56,7 @@ class BlockPlan:
 
 
 GROUP, GLOBAL, COMBINED = "group", "global", "combined"
-Plan = Union[BlockPlan, SegmentPlan]  # packed blocks (CPU) or variable-length sentences (GPU): kernel_paths
+Plan = Union[BlockPlan, SegmentPlan]  # packed blocks (CPU) or variable-length sentences (GPU): devices.fused
 HostPair = Optional[tuple[torch.Tensor, torch.Tensor]]  # (tags, keep) as the batch's host copy holds them
 
 
@@ -185,12 +186,12 @@ def plan_cross(
 def _fused(device: torch.device) -> bool:
     """The fused path, unless analysis statistics are collected (validation's attention entropies
     are recorded per block, on the packed path)."""
-    return kernel_paths.fused(device) and not analysis.active()
+    return devices.fused(device) and not analysis.active()
 
 
 @torch.compiler.disable  # host planning in numpy: outside any compiled graph
 def self_plan(tags: torch.Tensor, keep: torch.Tensor, causal: bool, host: HostPair = None) -> Plan:
-    """The self-attention plan of the device's path (:mod:`~onmt_doc.modules.kernel_paths`): sentence
+    """The self-attention plan of the device's path (:func:`onmt_doc.devices.fused`): sentence
     offsets built on the host from ``host`` (the batch's host copies of ``tags`` and ``keep``) for the
     fused path, packed blocks (:func:`plan_self`) otherwise."""
     if _fused(tags.device):

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from onmt_doc.modules import kernel_paths
+from onmt_doc import devices
 
 # what one more bucket costs, in row positions: a bucket is one more pass through every layer
 # (per-op overhead, smaller matrix products); the cut trades it against the padding it saves.
@@ -73,10 +73,10 @@ def bucket_rows(lengths: torch.Tensor, overhead: Optional[int] = None) -> list[R
 
 def row_plan(keep: torch.Tensor, overhead: Optional[int] = None) -> list[RowBucket]:
     """The buckets of the rows of ``keep`` [R, L] (True on real positions) for the device's path
-    (:mod:`~onmt_doc.modules.kernel_paths`): length buckets on the packed path; on the fused path one
+    (:func:`onmt_doc.devices.fused`): length buckets on the packed path; on the fused path one
     bucket of every row at the full width, which costs padding but no device read and a third of the
     kernels (a GPU's step is bound by kernel launches, not by padded arithmetic)."""
-    if kernel_paths.fused(keep.device):
+    if devices.fused(keep.device):
         rows = keep.size(0)
         return [RowBucket(torch.arange(rows, device=keep.device), max(keep.size(1), 1), np.arange(rows))]
     return bucket_rows(keep.sum(1), overhead)

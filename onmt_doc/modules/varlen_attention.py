@@ -4,7 +4,7 @@ Every sentence of every row is one sequence. The real tokens of a batch are gath
 sentence into one [T, H, d] tensor, attention runs once over all of them with cumulative offsets
 (flash attention's variable-length mode on CUDA) and the outputs are scattered back: one kernel per
 attention call, no padding inside it. The plan is built on the host, from the batch's host copy,
-so nothing is read back from the GPU during a step (``kernel_paths`` says when this path is
+so nothing is read back from the GPU during a step (``devices.fused`` says when this path is
 taken; ``group_attention`` holds the packed CPU path, which computes the same function). Tag-0
 queries (``<bos>``), which see their whole row, are one per row and attend in one SDPA call.
 """

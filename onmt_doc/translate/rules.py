@@ -38,6 +38,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from onmt_doc import devices
 from onmt_doc.contracts import Batch
 from onmt_doc.data.instances import unit_class
 from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, MASK_ID, PAD_ID, SOS_ID, SPECIALS, UNK_ID
@@ -210,9 +211,10 @@ def apply_rules(rules: Sequence[Rule], log_probs: torch.Tensor, step: Step) -> t
         token = rule.forced(step)
         if token is not None:
             force = token if force is None else torch.where(token.ge(0), token, force)
-    if force is None or not force.ge(0).any():
+    # the packed (CPU) path skips the forcing when a step forces nothing; on a GPU asking costs a device read
+    if force is None or (not devices.fused(force.device) and not force.ge(0).any()):
         return allowed
-    return torch.where(force.ge(0)[:, None], force_tokens(log_probs, force), allowed)
+    return torch.where(force.ge(0)[:, None], force_tokens(log_probs, force.clamp(min=0)), allowed)
 
 
 class SearchRules:

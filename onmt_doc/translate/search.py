@@ -29,6 +29,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 
 from onmt_doc.config.translate import TranslateConfig
@@ -58,17 +59,21 @@ class Choice:
     tokens: torch.Tensor  # [b, c] the token each candidate appends
     ends: torch.Tensor  # [b, c] bool: the candidate ends in <eos> and becomes a finished hypothesis
     keep: torch.Tensor  # [b, w] candidates (columns) that stay live, best first: the next width is w
+    # 0-dim bool, or None: keep only the first column of ``keep`` (no sentence has a second live
+    # candidate); a tensor so the loop reads it with its other flags, in one device read a step
+    narrow: Optional[torch.Tensor] = None
 
 
 def fill_holes(done: torch.Tensor) -> torch.Tensor:
     """The batch positions of the sentences that go on, in their new order: each keeps its place
     unless it lies past the new end, in which case it moves into the place of a finished sentence.
-    Pruning then moves as few rows as possible (states rewrite their ``owned_fields`` in place)."""
-    n = int((~done).sum())
-    order = torch.arange(n, device=done.device)
-    holes = done[:n].nonzero().squeeze(1)
-    order[holes] = (~done[n:]).nonzero().squeeze(1) + n
-    return order
+    Pruning then moves as few rows as possible (states rewrite their ``owned_fields`` in place).
+    Planned on the host from one read of ``done``."""
+    flags = done.cpu().numpy()
+    n = int((~flags).sum())
+    order = np.arange(n)
+    order[np.flatnonzero(flags[:n])] = np.flatnonzero(~flags[n:]) + n
+    return torch.from_numpy(order).to(done.device)
 
 
 # the strategies by name (``translate.strategy``; ``greedy`` is beam search with ``beam: 1``);
@@ -127,6 +132,7 @@ class Search(ABC):
         scores = torch.zeros(n, 1, device=device)
         seqs = torch.full((n, 1), BOS_ID, dtype=torch.long, device=device)
         finished: list[list[Hypothesis]] = [[] for _ in range(n)]
+        n_finished = torch.zeros(n, dtype=torch.long, device=device)  # len(finished[i]), kept on the device
         given = _Given(prefix, n, device)
         t = 0
         while alive.numel():
@@ -135,17 +141,24 @@ class Search(ABC):
             step = Step(t, seqs[:, -1], alive.repeat_interleave(width))  # origin: the batch row of each live row
             log_probs = rules.apply(model.decoder.constrain(log_probs, state), step)
             choice = self.select(scores, log_probs.view(b, width, -1))
-            self._collect(finished, alive, choice, seqs, width, t, given)
-            new_scores = choice.scores.gather(1, choice.keep)
-            given.record(alive, new_scores, t)
-            new_width = choice.keep.size(1)
-            rows = (choice.origin.gather(1, choice.keep) + torch.arange(b, device=device)[:, None] * width).view(-1)
-            new_tokens = choice.tokens.gather(1, choice.keep).view(-1, 1)
-            n_done = torch.tensor([len(finished[i]) for i in alive.tolist()], device=device)
+            n_done = n_finished[alive] + choice.ends.sum(1)  # with this step's finished candidates
             at_cap = rules.cap.reached(alive, t)
-            done = (choice.ends[:, 0] & n_done.ge(self.n_best)) | at_cap | new_scores[:, 0].eq(float("-inf"))
+            first = choice.scores.gather(1, choice.keep[:, :1])[:, 0]  # the best live candidate (any width)
+            done = (choice.ends[:, 0] & n_done.ge(self.n_best)) | at_cap | first.eq(float("-inf"))
+            # the step's one device read: did a candidate end, a sentence finish, the beam narrow?
+            flags = [choice.ends.any(), done.any()] + ([choice.narrow] if choice.narrow is not None else [])
+            any_end, any_done, *narrow = torch.stack(flags).tolist()
+            keep = choice.keep[:, :1] if narrow and narrow[0] else choice.keep
+            if any_end:
+                self._collect(finished, alive, choice, seqs, width, t, given)
+                n_finished[alive] = n_done
+            new_scores = choice.scores.gather(1, keep)
+            given.record(alive, new_scores, t)
+            new_width = keep.size(1)
+            rows = (choice.origin.gather(1, keep) + torch.arange(b, device=device)[:, None] * width).view(-1)
+            new_tokens = choice.tokens.gather(1, keep).view(-1, 1)
             t += 1
-            if done.any():
+            if any_done:
                 still = fill_holes(done)
                 alive, new_scores = alive[still], new_scores[still]
                 rows = rows.view(b, new_width)[still].view(-1)
@@ -170,16 +183,20 @@ class Search(ABC):
         given: "_Given",
     ) -> None:
         """Record the candidates that end in <eos> as finished hypotheses (length counts <eos>;
-        a forced prefix counts neither in the length nor in the log-probability)."""
-        if not choice.ends.any():
-            return
-        alive_list = alive.tolist()
-        for row, j in choice.ends.nonzero().tolist():
-            sentence = alive_list[row]
-            log_prob = float(choice.scores[row, j]) - given.log_prob(sentence)
-            penalty = float(self.penalty(torch.tensor(float(t + 1 - given.length(sentence)))))
-            src_row = row * width + int(choice.origin[row, j])
-            finished[sentence].append(Hypothesis(seqs[src_row, 1:].tolist(), log_prob / penalty, log_prob))
+        a forced prefix counts neither in the length nor in the log-probability). Two device reads
+        (where they are, then their sentences, scores and tokens), on the steps where some end."""
+        ended = choice.ends.nonzero()  # [E, 2] (row, column)
+        row, j = ended[:, 0], ended[:, 1]
+        src_row = row * width + choice.origin[row, j]
+        sentence = alive[row]
+        numbers = torch.stack([sentence.double(), choice.scores[row, j].double(), given.log_probs_of(sentence)], 1)
+        tokens = seqs.index_select(0, src_row)[:, 1:].tolist()
+        numbers = numbers.tolist()
+        lengths = torch.tensor([float(t + 1 - given.length(int(sent))) for sent, _, _ in numbers])
+        penalties = self.penalty(lengths).tolist()  # a host tensor: elementwise, as one length at a time
+        for (sent, score, before), toks, penalty in zip(numbers, tokens, penalties):
+            log_prob = score - before
+            finished[int(sent)].append(Hypothesis(toks, log_prob / penalty, log_prob))
 
 
 class _Given:
@@ -188,22 +205,24 @@ class _Given:
 
     def __init__(self, prefix: Optional[torch.Tensor], rows: int, device: torch.device) -> None:
         self.lengths = None if prefix is None else prefix.ne(PAD_ID).sum(1).to(device)  # [B]
+        self.host_lengths = None if self.lengths is None else self.lengths.tolist()  # read once per search
         self.log_probs = torch.zeros(rows, device=device)
 
     def record(self, alive: torch.Tensor, scores: torch.Tensor, t: int) -> None:
         """After step ``t``: the rows whose prefix ended there keep their cumulative score (the
-        prefix is forced, so their best live candidate holds it)."""
+        prefix is forced, so their best live candidate holds it). Written on the device, unread."""
         if self.lengths is None:
             return
         ended = self.lengths[alive].eq(t + 1)
-        if ended.any():
-            self.log_probs[alive[ended]] = scores[ended, 0].to(self.log_probs.dtype)
+        kept = self.log_probs[alive]
+        self.log_probs[alive] = torch.where(ended, scores[:, 0].to(kept.dtype), kept)
 
-    def log_prob(self, row: int) -> float:
-        return 0.0 if self.lengths is None else float(self.log_probs[row])
+    def log_probs_of(self, rows: torch.Tensor) -> torch.Tensor:
+        """[n] the forced prefixes' log-probabilities of batch rows ``rows`` (float64; 0 without prefix)."""
+        return self.log_probs.index_select(0, rows).double()
 
     def length(self, row: int) -> int:
-        return 0 if self.lengths is None else int(self.lengths[row])
+        return 0 if self.host_lengths is None else self.host_lengths[row]
 
 
 @SEARCHES.register("beam", TranslateConfig)
@@ -241,10 +260,9 @@ class BeamSearch(Search):
         # keep the k best candidates that do not end in <eos>
         rank = torch.arange(top_ids.size(1), device=cand.device).expand_as(top_ids)
         keep = (rank + is_eos.long() * top_ids.size(1)).topk(min(k, top_ids.size(1)), dim=1, largest=False).indices
-        if not top_scores.gather(1, keep[:, 1:]).isfinite().any():  # one live candidate per sentence
-            keep = keep[:, :1]
+        narrow = ~top_scores.gather(1, keep[:, 1:]).isfinite().any()  # one live candidate per sentence
         ends = is_eos & rank.lt(k)
-        return Choice(top_scores, origin, tokens, ends, keep)
+        return Choice(top_scores, origin, tokens, ends, keep, narrow)
 
 
 @SEARCHES.register("greedy", TranslateConfig)
