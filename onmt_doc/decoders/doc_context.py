@@ -170,6 +170,7 @@ class DocContextDecoder(TransformerDecoder):
                     memory=documents[layer_number],
                     keeps=keeps,
                     probe="dec_doc_context",
+                    rows=[b.rows for b in buckets],  # analysis: captured attention back in batch order
                 )
             else:
                 doc_attention = partial(own_attention, layer.doc_attn, rows=rows, own=own, masks=masks)

@@ -15,7 +15,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from onmt_doc.modules.attention import KV, MultiHeadAttention, Probe
+from onmt_doc.modules import analysis
+from onmt_doc.modules.attention import KV, MultiHeadAttention, Probe, attention_probs
 
 
 def group_slots(group: torch.Tensor, n_groups: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,12 +112,15 @@ def attend_documents_rows(
     memory: DocumentMemory,
     keeps: Optional[Sequence[torch.Tensor]] = None,
     probe: Optional[str] = None,
+    rows: Optional[Sequence[torch.Tensor]] = None,
 ) -> list[torch.Tensor]:
     """:func:`attend_documents` for rows in several groups at once (length buckets, ``row_buckets``):
     queries hs[i] [r_i, T_i, D] of rows of documents row_docs[i] [r_i]. The query positions of
     every group (only the ``keeps[i]`` [r_i, T_i] ones where given) are packed per document in one
     sequence, so a document's rows spread over buckets still share one packed query sequence.
-    Returns [r_i, T_i, D] per group, zeros at positions not kept."""
+    Returns [r_i, T_i, D] per group, zeros at positions not kept. Inside ``analysis.capturing``
+    the probabilities are captured per group as [r_i, T_i, H, N] under ``probe``, with the
+    group's batch ``rows`` where given."""
     queries, docs = [], []
     for i, (h, row_doc) in enumerate(zip(hs, row_docs)):
         r, t, d = h.shape
@@ -130,8 +134,11 @@ def attend_documents_rows(
     packing = plan_packing(torch.cat(docs), memory.mask.size(0))
     q = packing.pack(torch.cat(queries)).transpose(1, 2)  # [G, H, M, d_head]
     query_probe: Optional[Probe] = None
-    if probe is not None:
+    capturing = probe is not None and analysis.capture_key(attn, probe) is not None
+    if probe is not None and not capturing:  # captured below, row by row, not packed
         query_probe = (probe, ~packing.padding())
+    if capturing:
+        _capture_rows(probe, attention_probs(q, memory.kv[0], memory.mask), packing, hs, docs, keeps, rows)
     out = packing.unpack(attn.attend(q, memory.kv[0], memory.kv[1], memory.mask, probe=query_probe))[:, 0]
     results = []
     for h, part, keep in zip(hs, out.split([len(d) for d in docs]), keeps or [None] * len(hs)):
@@ -142,3 +149,24 @@ def attend_documents_rows(
             where = keep.reshape(-1).nonzero().squeeze(1)
             results.append(part.new_zeros(r * t, d).index_copy(0, where, part).view(r, t, d))
     return results
+
+
+def _capture_rows(
+    name: str,
+    probs: torch.Tensor,
+    packing: Packing,
+    hs: Sequence[torch.Tensor],
+    docs: Sequence[torch.Tensor],
+    keeps: Optional[Sequence[torch.Tensor]],
+    rows: Optional[Sequence[torch.Tensor]],
+) -> None:
+    """Capture packed probabilities [G, H, M, N] back in the queries' rows: [r_i, T_i, H, N] per group."""
+    per_query = packing.unpack(probs.transpose(1, 2))[:, 0]  # [K, H, N]
+    for i, (h, part) in enumerate(zip(hs, per_query.split([len(d) for d in docs]))):
+        r, t = h.shape[:2]
+        if keeps is None:
+            full = part
+        else:
+            where = keeps[i].reshape(-1).nonzero().squeeze(1)
+            full = part.new_zeros(r * t, *part.shape[1:]).index_copy(0, where, part)
+        analysis.capture(name, full.view(r, t, *part.shape[1:]), None if rows is None else rows[i])
