@@ -171,3 +171,24 @@ def test_display_tokens_put_spaces_where_the_words_are():
         (".", False),
     ]
     assert display_tokens(["▁der", "▁hu", "nd"]) == [("der", False), ("hu", True), ("nd", False)]
+
+
+def test_context_gates_show_z_star_when_the_pmi_table_is_at_hand(tmp_path):
+    from onmt_doc.data.pmi import count_table, vocab_digest, z_star
+
+    section, data = MODELS["gated"]
+    model, codec = random_model(section, seed=1)
+    docs = [list(zip(codec.encode(SOURCES, "src"), codec.encode(TARGETS, "tgt")))]
+    pairs = [(s.astype("int64"), t.astype("int64")) for s, t in docs[0]] * 3
+    table = count_table(iter(pairs), len(codec.src_vocab), len(codec.tgt_vocab), vocab_digest(codec))
+    table.save(str(tmp_path / "pmi"))
+    loss = [{"type": "label_smoothed_ce"}, {"type": "pmi_gate_hinge", "table": str(tmp_path / "pmi")}]
+    model_cfg = {"d_model": 32, "dropout": 0.0, "attention_dropout": 0.0, **section}
+    t = Translator(model, codec, config_from_dict({"model": model_cfg, "loss": loss}))
+    reading = read_document(t, SOURCES, TARGETS)
+    want = np.concatenate(z_star(table, [s for s, _ in pairs[:3]], [t for _, t in pairs[:3]]))
+    np.testing.assert_array_equal(reading.measure("z*"), want)
+    assert {h.key: h for h in reading.heatmaps}["context_gates"].cols == ["layer 1", "layer 2", "z*"]
+    (tmp_path / "pmi").unlink()
+    missing = read_document(t, SOURCES, TARGETS)
+    assert "z*" not in missing.sentences[0].measures and "PMI table" in missing.notes[0]

@@ -274,7 +274,11 @@ def test_the_page_translates_a_document_in_headless_chromium(g_server, tmp_path)
         driver.find_element(By.ID, "retry").click()
         wait.until(ec.element_to_be_clickable((By.ID, "translate")))
         assert "toy_g" in driver.find_element(By.ID, "model").text
-        driver.find_element(By.ID, "text").send_keys("\n".join(DOC))
+        upload = tmp_path / "document.txt"  # uploaded, as a person would pick a file
+        upload.write_text("\n".join(DOC) + "\n", encoding="utf-8")
+        driver.find_element(By.ID, "file").send_keys(str(upload))
+        wait.until(lambda d: d.find_element(By.ID, "text").get_attribute("value").strip())
+        assert driver.find_element(By.ID, "text").get_attribute("value").split("\n")[:3] == DOC
         driver.find_element(By.ID, "translate").click()
         wait.until(ec.text_to_be_present_in_element((By.ID, "status"), "Translated 3 sentences"))
         shown = [td.text for td in driver.find_elements(By.CSS_SELECTOR, "#result td.translation")]

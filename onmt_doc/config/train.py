@@ -181,7 +181,10 @@ class LogConfig:
         minimum=0,
     )
     picture_documents: int = option(
-        2, "how many validation documents `pictures` draws: the first ones with 2 to 6 sentences", minimum=1
+        2,
+        "how many validation documents `pictures` draws: the first ones of the first validation set with 2 to 6 "
+        "sentences",
+        minimum=1,
     )
 
     def validate(self, path: str, root: RootConfig) -> None:

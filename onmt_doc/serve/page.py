@@ -197,7 +197,7 @@ PAGE = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>onmt_doc: translate a document</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <style>{STYLE}
-textarea {{ width: 100%; height: 10em; font-family: inherit; }}
+textarea {{ width: 100%; height: 6em; font-family: inherit; }}
 .controls > * {{ margin: 0.3em 0.5em 0.3em 0; }}
 .error {{ color: #b00020; }}
 </style></head>
