@@ -307,9 +307,9 @@ def explain(args: argparse.Namespace) -> dict:
         add_pcxmi(reading, translator, sources, references)
     inputs = [*_inputs(args), ("-explain", args.explain)]
     with output_folder(args.output, inputs, "-output", force=args.force) as folder:
-        for h in reading.heatmaps:
-            write_bytes(os.path.join(folder, f"{h.key}.png"), png(h), inputs, "-output")
-        pictures = [(f"{h.key}.png", h.title) for h in reading.heatmaps]
+        pictures = [(png(h), h.title) for h in reading.heatmaps]
+        for h, (data, _) in zip(reading.heatmaps, pictures):
+            write_bytes(os.path.join(folder, f"{h.key}.png"), data, inputs, "-output")
         page = render(reading, os.path.basename(args.explain), translations, references, pictures)
         write_text(os.path.join(folder, "index.html"), page, inputs, "-output")
     print(f"-explain: wrote {len(pictures)} pictures and index.html to {args.output}", file=sys.stderr)

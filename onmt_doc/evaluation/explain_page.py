@@ -1,14 +1,16 @@
 """One document as a self-contained HTML page: source and translation sentence by sentence, each
 target token coloured by its context reliance, every number of the pictures on hover, and the
-pictures themselves (PNG files beside the page, ``onmt_doc_evaluate -explain``).
+pictures themselves, embedded (``onmt_doc_evaluate -explain``).
 
-The page needs nothing from the network: the style is inline, the pictures are files in the same
-folder, and it works without JavaScript. The colour levels (:data:`LEVELS`, :func:`level`) are the
-ones the server's page (``onmt_doc/serve/page.py``) uses, so both read alike.
+The page is one file that needs nothing else: the style is inline, the pictures are embedded (the
+same PNG files are written beside it), and it works without JavaScript. The colour levels
+(:data:`LEVELS`, :func:`level`) are the ones the server's page (``onmt_doc/serve/page.py``) uses, so
+both read alike.
 """
 
 from __future__ import annotations
 
+import base64
 import html
 from typing import Optional, Sequence
 
@@ -78,10 +80,10 @@ def render(
     title: str,
     translations: Sequence[str],
     references: Optional[Sequence[str]] = None,
-    pictures: Sequence[tuple[str, str]] = (),
+    pictures: Sequence[tuple[bytes, str]] = (),
 ) -> str:
     """The page: ``reading`` (of the references when given, else of ``translations``), the
-    translations beside it, and ``pictures`` as (file name, title) pairs in the same folder."""
+    translations beside it, and ``pictures`` as (PNG bytes, title) pairs, embedded."""
     explained = "reference" if references is not None else "translation"
     rows = []
     for j, (sentence, hyp) in enumerate(zip(reading.sentences, translations)):
@@ -99,8 +101,9 @@ def render(
     header = ["#", "source", "translation"] + (["reference"] if references is not None else []) + ["read from"]
     notes = "".join(f'<p class="note">{html.escape(n)}</p>' for n in reading.notes)
     figures = "".join(
-        f'<h3>{html.escape(t)}</h3><img class="picture" src="{html.escape(f, quote=True)}" alt="{html.escape(t)}">'
-        for f, t in pictures
+        f'<h3>{html.escape(t)}</h3><img class="picture" alt="{html.escape(t, quote=True)}" '
+        f'src="data:image/png;base64,{base64.b64encode(data).decode("ascii")}">'
+        for data, t in pictures
     )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
