@@ -8,6 +8,8 @@
   onmt_doc_evaluate -hyp test.hyp -ref test.tgt -src test.src -lang de
   # how much the model uses context: CXMI per target token, per sentence position, top tokens
   onmt_doc_evaluate -model CKPT -cxmi -src test.src -ref test.tgt -top_tokens 20
+  # what the model reads from context in one document: pictures (PNG) and a page (HTML) in DIR
+  onmt_doc_evaluate -model CKPT -explain doc.src [-ref doc.tgt] -output DIR
 
 Candidates are scored by forced decoding in context through the code path of
 ``onmt_doc_translate -score``. Prints a table on stdout; -json writes every number; -tensorboard
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 from typing import TYPE_CHECKING, Optional
@@ -112,6 +115,16 @@ def _parser() -> ArgumentParser:
     c.add_argument(
         "-top_tokens", "--top_tokens", type=int, default=10, help="list the N tokens of largest mean P-CXMI (0: none)"
     )
+    e = p.add_argument_group("context pictures (docs/seeing_context.md)")
+    e.add_argument(
+        "-explain",
+        "--explain",
+        metavar="DOC",
+        help="one document (a sentence per line): translate it and write to -output what -model reads from "
+        "context, as pictures (PNG) and a page (index.html); with -ref, of the reference, with its P-CXMI",
+    )
+    e.add_argument("-output", "--output", help="-explain: the folder to write (created; must be new or empty)")
+    e.add_argument("-force", "--force", action="store_true", help="-explain: replace a non-empty -output folder")
     o = p.add_argument_group("output")
     o.add_argument("-json", "--json", help="write the results as JSON to this file ('-' = stdout)")
     o.add_argument("-tensorboard", "--tensorboard", help="log the results as TensorBoard scalars in this folder")
@@ -119,12 +132,13 @@ def _parser() -> ArgumentParser:
 
 
 def _check(args: argparse.Namespace) -> None:
-    if not args.suite and not args.hyp and not args.cxmi:
-        raise UserError("nothing to evaluate: give -suite (with -model), -hyp with -ref, and/or -cxmi")
+    if not args.suite and not args.hyp and not args.cxmi and not args.explain:
+        raise UserError("nothing to evaluate: give -suite (with -model), -hyp with -ref, -cxmi and/or -explain")
     _check_cxmi(args)
+    _check_explain(args)
     if args.suite and not args.model:
         raise UserError("-suite needs -model (the checkpoint that scores the candidates)")
-    if bool(args.hyp) != bool(args.ref) and not (args.cxmi and args.ref):
+    if bool(args.hyp) != bool(args.ref) and not ((args.cxmi or args.explain) and args.ref):
         raise UserError("-hyp and -ref go together")
     if args.max_context < 0:
         raise UserError(f"-max_context must be 0 or more (got {args.max_context})")
@@ -146,6 +160,27 @@ def _check_cxmi(args: argparse.Namespace) -> None:
         raise UserError(f"-top_tokens must be 0 or more (got {args.top_tokens})")
 
 
+def _check_explain(args: argparse.Namespace) -> None:
+    if not args.explain:
+        if args.output or args.force:
+            raise UserError("-output and -force go with -explain")
+        return
+    if not (args.model and args.output):
+        raise UserError("-explain needs -model and -output (the folder for the pictures and the page)")
+    if args.cxmi or args.hyp:
+        raise UserError("-explain reads -ref as the explained document's reference: run -cxmi or -hyp on their own")
+    from onmt_doc.outputs import refuse_folder_holding_inputs
+
+    inputs = [*_inputs(args), ("-explain", args.explain)]
+    refuse_folder_holding_inputs(args.output, inputs, "-output")  # before any work; output_folder checks again
+    refuse_inputs(args.output, inputs, "-output")
+    if os.path.isdir(args.output) and os.listdir(args.output) and not args.force:
+        raise UserError(f"-output {args.output} exists and is not an empty folder; add -force to replace it")
+    from onmt_doc.evaluation.context_pictures import require_matplotlib
+
+    require_matplotlib()  # before the model loads
+
+
 INPUT_FLAGS = (
     "model",
     "cxmi_baseline",
@@ -159,6 +194,7 @@ INPUT_FLAGS = (
     "src",
     "pronouns",
     "lexicon",
+    "explain",
 )
 
 
@@ -237,6 +273,53 @@ def cxmi_results(args: argparse.Namespace) -> dict:
     return result
 
 
+MAX_EXPLAIN_SENTENCES = 200  # a picture of a longer document is unreadable
+
+
+def _explain_document(args: argparse.Namespace) -> tuple[list[str], Optional[list[str]]]:
+    """-explain's document (and -ref's sentences): exactly one document, at most MAX_EXPLAIN_SENTENCES."""
+    from onmt_doc.data.corpus import iter_parallel
+
+    docs = [d for d in iter_parallel(args.explain, args.ref, documents=True) if d]
+    if len(docs) != 1:
+        raise UserError(f"-explain {args.explain}: {len(docs)} documents; give one (no blank line between sentences)")
+    if len(docs[0]) > MAX_EXPLAIN_SENTENCES:
+        raise UserError(
+            f"-explain {args.explain}: {len(docs[0])} sentences; "
+            f"at most {MAX_EXPLAIN_SENTENCES} make a readable picture"
+        )
+    return [s for s, _ in docs[0]], [t for _, t in docs[0]] if args.ref else None
+
+
+def explain(args: argparse.Namespace) -> dict:
+    """-explain: translate one document, read what the model reads from context on the reference
+    (with its P-CXMI) or on the translation, and write the pictures and the page to -output."""
+    from onmt_doc.evaluation.context_pictures import png
+    from onmt_doc.evaluation.context_reading import add_pcxmi, read_document
+    from onmt_doc.evaluation.explain_page import render
+    from onmt_doc.outputs import output_folder, write_bytes
+
+    sources, references = _explain_document(args)
+    translator = _translator(args)
+    translations = translator.translate([sources])[0]
+    reading = read_document(translator, sources, references or translations)
+    if references:
+        add_pcxmi(reading, translator, sources, references)
+    inputs = [*_inputs(args), ("-explain", args.explain)]
+    with output_folder(args.output, inputs, "-output", force=args.force) as folder:
+        pictures = [(png(h), h.title) for h in reading.heatmaps]
+        for h, (data, _) in zip(reading.heatmaps, pictures):
+            write_bytes(os.path.join(folder, f"{h.key}.png"), data, inputs, "-output")
+        page = render(reading, os.path.basename(args.explain), translations, references, pictures)
+        write_text(os.path.join(folder, "index.html"), page, inputs, "-output")
+    print(f"-explain: wrote {len(pictures)} pictures and index.html to {args.output}", file=sys.stderr)
+    return {
+        "model": reading.model,
+        "sentences": len(sources),
+        "reliance": {"mean": float(reading.measure("reliance").mean()) if len(reading.measure("reliance")) else 0.0},
+    }
+
+
 def translation_results(args: argparse.Namespace) -> dict:
     """Corpus and document metrics of -hyp against -ref; needs no model, so it runs on any system's output."""
     from onmt_doc.data.corpus import read_parallel
@@ -310,6 +393,8 @@ def _main(argv: Optional[list[str]]) -> int:
 
         results["cxmi"] = cxmi_results(args)
         print(format_cxmi(results["cxmi"]))
+    if args.explain:
+        results["explain"] = explain(args)
     if args.json:
         write_text(args.json, json.dumps(results, indent=1, ensure_ascii=False) + "\n", _inputs(args), "-json")
     if args.tensorboard:

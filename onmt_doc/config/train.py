@@ -180,3 +180,22 @@ class LogConfig:
         "memory; validation metrics): for scripts and benchmarks, which need not parse the log. A relative path "
         "is inside `log.dir`; a resumed run appends",
     )
+    pictures: int = option(
+        0,
+        "every this many validations (the first included), TensorBoard images `pictures/*` of what the model "
+        "reads from context on a few fixed validation documents (attention over the source sentences, gates; "
+        "[seeing_context.md](seeing_context.md)); 0 = none. Needs `tensorboard: true` and matplotlib "
+        "(`pip install -e .[viz]`)",
+        minimum=0,
+    )
+    picture_documents: int = option(
+        2,
+        "how many validation documents `pictures` draws: the first ones of the first validation set with 2 to 6 "
+        "sentences",
+        minimum=1,
+    )
+
+    def validate(self, path: str, root: RootConfig) -> None:
+        """Pictures go to TensorBoard, so they need it."""
+        if self.pictures and not self.tensorboard:
+            raise ConfigError(f"{path}.pictures: the pictures are TensorBoard images; set {path}.tensorboard: true")

@@ -182,6 +182,7 @@ class DocContextDecoder(TransformerDecoder):
                     probe="dec_doc_context",
                     host_row_docs=host_docs,
                     host_keeps=host_keeps,
+                    rows=[b.rows for b in buckets],  # analysis: captured attention back in batch order
                 )
             else:
                 doc_attention = partial(own_attention, layer.doc_attn, rows=rows, own=own, masks=masks)

@@ -22,7 +22,7 @@ model initialises it (two-step training, ``train.init_from``).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -166,7 +166,7 @@ class HierarchicalEncoder(TransformerEncoder):
         if self.context == "own_sentence":  # eqs. 5-6, H^S_i
             own_slot = plan_packing(host_doc, n_docs, device=device).unpack(h_s)  # [R, 1, D]
             d_ctx = [
-                own_sentence_context(self.context_attn, h_b, own_slot.index_select(0, b.rows), keep_b)
+                own_sentence_context(self.context_attn, h_b, own_slot.index_select(0, b.rows), keep_b, b.rows)
                 for b, h_b, keep_b in zip(buckets, h_parts, keeps)
             ]
         else:  # eqs. 5-6, all H^S_k; the real words of all buckets packed per document
@@ -175,7 +175,15 @@ class HierarchicalEncoder(TransformerEncoder):
             host_docs = [host_doc[b.host_rows] for b in buckets]
             host_keeps = [host_keep[b.host_rows, : b.length] for b in buckets]
             d_ctx = attend_documents_rows(
-                self.context_attn, h_parts, row_docs, doc_memory, keeps, "enc_doc_context", host_docs, host_keeps
+                self.context_attn,
+                h_parts,
+                row_docs,
+                doc_memory,
+                keeps,
+                "enc_doc_context",
+                host_docs,
+                host_keeps,
+                rows=[b.rows for b in buckets],
             )
         ctx_parts = [h_b + self.context_dropout(d) for h_b, d in zip(h_parts, d_ctx)]  # eq. 7
         length = batch.src.size(1)
@@ -207,19 +215,24 @@ class HierarchicalEncoder(TransformerEncoder):
             x = x + self.doc_positions(0, x.size(1))
         mask = (~pad)[:, None, None, :]
         for layer in self.doc_layers:
-            x = layer(x, mask)
+            x = layer(x, mask, probe=("doc_sentences", ~pad))  # analysis: the sentence-level attention
         return self.doc_norm(x), pad
 
 
 def own_sentence_context(
-    attn: MultiHeadAttention, h: torch.Tensor, own_slot: torch.Tensor, keep: torch.Tensor
+    attn: MultiHeadAttention,
+    h: torch.Tensor,
+    own_slot: torch.Tensor,
+    keep: torch.Tensor,
+    rows: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """eqs. 5-6 with the value H^S_i alone: α_{i,j} = MultiHead-Ctx(h_{i,j}, h_{i,j}, H^S_i),
     d^ctx_{i,j} = α_{i,j} H^S_i. A softmax over one value would be 1 for every word, so α is read
     as one weight per head in (0, 1): σ(q·k / √d_head) with query and key both from the word
     h_{i,j} [R, L, D]; the values are the head projections of the own slot H^S_i [R, 1, D].
     Reuses ``attn``'s q, k, v and output projections (the same parameters as the ``document``
-    reading). Returns d^ctx [R, L, D], zeros at padding (``keep`` [R, L] False)."""
+    reading). Returns d^ctx [R, L, D], zeros at padding (``keep`` [R, L] False). ``rows``: the
+    batch rows of a length bucket, for the captured gate (``analysis.capturing``)."""
     d = h.size(-1)
 
     def heads(x: torch.Tensor) -> torch.Tensor:  # [R, T, D] -> [R, H, T, d_head]
@@ -230,4 +243,5 @@ def own_sentence_context(
     v = heads(F.linear(own_slot, attn.kv.weight[d:], attn.kv.bias[d:]))  # [R, H, 1, d_head]
     alpha = torch.sigmoid((q * k).sum(-1, keepdim=True) / attn.d_head**0.5)  # eq. 5: [R, H, L, 1]
     analysis.record_mean("gate/enc_context", alpha.squeeze(-1).transpose(1, 2), keep)
+    analysis.capture("gate/enc_context", alpha.squeeze(-1).transpose(1, 2), rows)  # [R, L, H]
     return attn.merge(alpha * v) * keep[..., None]  # eq. 6

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import nn
@@ -12,7 +13,7 @@ from onmt_doc.config.options import PartConfig, check_heads, option
 from onmt_doc.contracts import Batch, EncoderOut, PartContext
 from onmt_doc.data.vocab import PAD_ID
 from onmt_doc.encoders.base import REGISTRY, Encoder
-from onmt_doc.modules.attention import MultiHeadAttention
+from onmt_doc.modules.attention import MultiHeadAttention, Probe
 from onmt_doc.modules.feedforward import FeedForward
 from onmt_doc.modules.sublayer import Residual
 
@@ -48,9 +49,10 @@ class TransformerEncoderLayer(nn.Module):
         self.attn_res = Residual(d_model, dropout, pre_norm)
         self.ff_res = Residual(d_model, dropout, pre_norm)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """``x`` [B, S, D] -> [B, S, D]; ``mask`` [B, 1, 1, S] True on keys that may be attended."""
-        x = self.attn_res(x, lambda h: self.self_attn(h, mask))
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, probe: Optional[Probe] = None) -> torch.Tensor:
+        """``x`` [B, S, D] -> [B, S, D]; ``mask`` [B, 1, 1, S] True on keys that may be attended;
+        ``probe`` names the self-attention for analysis (``MultiHeadAttention.attend``)."""
+        x = self.attn_res(x, lambda h: self.self_attn(h, mask, probe=probe))
         return self.ff_res(x, self.ff)
 
 

@@ -74,10 +74,15 @@ class MultiHeadAttention(nn.Module):
     ) -> torch.Tensor:
         """softmax(q kᵀ / sqrt(d_head)) v over heads, merged and projected. With a ``probe``
         (name, query keep-mask [B, Tq]) and analysis active, the probabilities are materialised
-        once to record their entropy."""
-        if probe is not None and analysis.active():
+        once to record their entropy; inside ``analysis.capturing`` also to be captured, under
+        the probe's name or the module's (``analysis.capture_key``)."""
+        key = analysis.capture_key(self, probe[0] if probe is not None else None)
+        if key is not None or (probe is not None and analysis.active()):
             probs = attention_probs(q, k, mask, is_causal)
-            analysis.record_entropy(probe[0], probs, probe[1])
+            if probe is not None:
+                analysis.record_entropy(probe[0], probs, probe[1])
+            if key is not None:
+                analysis.capture(key, probs)
             return self._merge(probs.to(v.dtype) @ v)
         p = self.dropout if self.training else 0.0
         return self._merge(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal))

@@ -16,7 +16,8 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import torch
 
-from onmt_doc.modules.attention import KV, MultiHeadAttention, Probe
+from onmt_doc.modules import analysis
+from onmt_doc.modules.attention import KV, MultiHeadAttention, Probe, attention_probs
 
 
 def group_slots(group: torch.Tensor, n_groups: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,6 +144,7 @@ def attend_documents_rows(
     probe: Optional[str] = None,
     host_row_docs: Optional[Sequence[HostArray]] = None,
     host_keeps: Optional[Sequence[HostArray]] = None,
+    rows: Optional[Sequence[torch.Tensor]] = None,
 ) -> list[torch.Tensor]:
     """:func:`attend_documents` for rows in several groups at once (length buckets, ``row_buckets``):
     queries hs[i] [r_i, T_i, D] of rows of documents row_docs[i] [r_i]. The query positions of
@@ -150,7 +152,8 @@ def attend_documents_rows(
     sequence, so a document's rows spread over buckets still share one packed query sequence.
     ``host_row_docs`` / ``host_keeps``: host copies of ``row_docs`` / ``keeps`` (the plan is made on
     the host; without them it reads the device). Returns [r_i, T_i, D] per group, zeros at positions
-    not kept."""
+    not kept. Inside ``analysis.capturing`` the probabilities are captured per group as
+    [r_i, T_i, H, N] under ``probe``, with the group's batch ``rows`` where given."""
     queries, docs, wheres = [], [], []
     for i, (h, row_doc) in enumerate(zip(hs, row_docs)):
         r, t, d = h.shape
@@ -166,8 +169,11 @@ def attend_documents_rows(
     packing = plan_packing(np.concatenate(docs), memory.mask.size(0), device=hs[0].device)
     q = packing.pack(torch.cat(queries)).transpose(1, 2)  # [G, H, M, d_head]
     query_probe: Optional[Probe] = None
-    if probe is not None:
+    capturing = probe is not None and analysis.capture_key(attn, probe) is not None
+    if probe is not None and not capturing:  # captured below, row by row, not packed
         query_probe = (probe, ~packing.padding())
+    if capturing:
+        _capture_rows(probe, attention_probs(q, memory.kv[0], memory.mask), packing, hs, docs, wheres, rows)
     out = packing.unpack(attn.attend(q, memory.kv[0], memory.kv[1], memory.mask, probe=query_probe))[:, 0]
     results = []
     for h, part, where in zip(hs, out.split([len(d) for d in docs]), wheres):
@@ -177,3 +183,24 @@ def attend_documents_rows(
         else:
             results.append(part.new_zeros(r * t, d).index_copy(0, where, part).view(r, t, d))
     return results
+
+
+def _capture_rows(
+    name: str,
+    probs: torch.Tensor,
+    packing: Packing,
+    hs: Sequence[torch.Tensor],
+    docs: Sequence[np.ndarray],
+    wheres: Sequence[Optional[torch.Tensor]],
+    rows: Optional[Sequence[torch.Tensor]],
+) -> None:
+    """Capture packed probabilities [G, H, M, N] back in the queries' rows: [r_i, T_i, H, N] per group
+    (``wheres[i]``: the kept query positions of group i, None for all)."""
+    per_query = packing.unpack(probs.transpose(1, 2))[:, 0]  # [K, H, N]
+    for i, (h, part) in enumerate(zip(hs, per_query.split([len(d) for d in docs]))):
+        r, t = h.shape[:2]
+        if wheres[i] is None:
+            full = part
+        else:
+            full = part.new_zeros(r * t, *part.shape[1:]).index_copy(0, wheres[i], part)
+        analysis.capture(name, full.view(r, t, *part.shape[1:]), None if rows is None else rows[i])

@@ -22,4 +22,5 @@ class GateSum(nn.Module):
         tokens, the positions the gate statistic averages over."""
         g = torch.sigmoid(self.proj(torch.cat([local, global_], dim=-1)))  # eq. 10
         analysis.record_mean(f"gate/{self.name}", g, keep)
+        analysis.capture(f"gate/{self.name}", g)  # the context pictures: g per token and dimension
         return g * local + (1.0 - g) * global_

@@ -17,9 +17,16 @@ Endpoints (JSON in, JSON out; docs/deploy.md has curl examples):
   ``"context"``: per document (for ``"document"``: of that document) the sentences before it, each
   ``"source"`` or ``["source", "target"]`` (target null where unknown); the reply says what the
   model read of it: ``"context_used": "source+target" | "source" | "none"`` (a sentence model).
+  ``"explain": true`` adds ``"explanation"``: per document (for ``"document"``: of that document)
+  what the model read from context while it produced its translation, token by token
+  (``evaluation/context_reading.py``: ``reliance`` and the model's other measures, and each
+  sentence's attention on the document's source sentences); one forced pass per document on the
+  model's worker, so every request limit bounds it. Not with ``"context"`` nor for an ensemble (400).
+- ``GET /``: the translation page (``serve/page.py``), which calls ``/models`` and ``/translate``.
 
-With an API key (``ServerState.api_key``), every endpoint but ``/health`` needs
-``Authorization: Bearer KEY`` (compared in constant time); 401 otherwise.
+With an API key (``ServerState.api_key``), every endpoint but ``/health`` and the page ``/`` needs
+``Authorization: Bearer KEY`` (compared in constant time); 401 otherwise. The page holds no data
+(a browser cannot send the header when it opens it); it asks for the key and sends it with its calls.
 
 Errors are ``{"error": "one line"}``: 400 malformed JSON (nested too deeply included) or shape, or a
 bad option value; 401 a missing or wrong API key; 404 unknown model or path; 405 wrong method; 413
@@ -52,7 +59,7 @@ from onmt_doc.translate.translator import Translator, check_documents
 
 log = logging.getLogger("onmt_doc")
 
-REQUEST_KEYS = ("model", "documents", "document", "n_best", "scores", "context")
+REQUEST_KEYS = ("model", "documents", "document", "n_best", "scores", "context", "explain")
 # what a model reads of a request's context (Translator.context_sides), as the reply says it
 CONTEXT_USED = {("src", "tgt"): "source+target", ("src",): "source", (): "none"}
 STOPPING = "the server is stopping; retry on another instance or after it restarts"
@@ -164,6 +171,7 @@ class TranslateRequest:
     n_best: int  # n-best fields asked (0 = none)
     scores: bool
     context: Optional[list[list[tuple[str, Optional[str]]]]]  # per document, or None (none given)
+    explain: bool = False  # add what the model read from context ("explanation")
 
 
 def parse_request(body: bytes, state: ServerState) -> TranslateRequest:
@@ -199,7 +207,30 @@ def parse_request(body: bytes, state: ServerState) -> TranslateRequest:
     scores = data.get("scores", False)
     if not isinstance(scores, bool):
         raise ApiError(400, f"'scores' must be true or false, got {_shown(scores)}")
-    return TranslateRequest(model, documents, single, n_best, scores, context)
+    return TranslateRequest(model, documents, single, n_best, scores, context, _explain(data, model, context))
+
+
+def _explain(data: dict, model: ServedModel, context: Optional[list]) -> bool:
+    """The request's ``"explain"``, checked: a boolean, for one model, without ``"context"``."""
+    explain = data.get("explain", False)
+    if not isinstance(explain, bool):
+        raise ApiError(400, f"'explain' must be true or false, got {_shown(explain)}")
+    if explain and context is not None:
+        raise ApiError(400, "'explain' reads a document on its own: send it without 'context'")
+    if explain and len(model.checkpoints) > 1:
+        raise ApiError(400, f"'explain' needs a single model; {model.name} is an ensemble")
+    return explain
+
+
+def explanations(translator: Translator, documents: list[list[str]], out: NBest) -> list[Optional[dict]]:
+    """What the model read from context while producing each document's best translation (None for
+    an empty document); runs on the model's worker (``Batcher.call``)."""
+    from onmt_doc.evaluation.context_reading import read_document
+
+    return [
+        read_document(translator, doc, [fields[0][0] for fields in hyp]).to_json() if doc else None
+        for doc, hyp in zip(documents, out)
+    ]
 
 
 def _context(value: Any, documents: list[list[str]], single: bool) -> list[list[tuple[str, Optional[str]]]]:
@@ -285,10 +316,16 @@ def client_gone(environ: dict) -> Callable[[], bool]:
 
 
 def response_body(
-    name: str, out: NBest, single: bool, n_best: int, scores: bool, context_used: Optional[str] = None
+    name: str,
+    out: NBest,
+    single: bool,
+    n_best: int,
+    scores: bool,
+    context_used: Optional[str] = None,
+    explanation: Optional[list] = None,
 ) -> dict:
-    """The reply: translations in the request's shape, plus the n-best and scores when asked, and
-    what the model read of a given context."""
+    """The reply: translations in the request's shape, plus the n-best and scores when asked, what
+    the model read of a given context, and the explanation when asked."""
     translations = [[fields[0][0] for fields in doc] for doc in out]
     body: dict[str, Any] = {"model": name, "translations": translations}
     if scores:
@@ -298,6 +335,8 @@ def response_body(
             [[{"text": text, "score": _number(score)} for text, score in fields[:n_best]] for fields in doc]
             for doc in out
         ]
+    if explanation is not None:
+        body["explanation"] = explanation
     if single:  # {"document": [...]} -> {"translation": [...]}, scores and n_best of that document
         body = {("translation" if k == "translations" else k): v if k == "model" else v[0] for k, v in body.items()}
     if context_used is not None:
@@ -334,7 +373,7 @@ def create_app(state: ServerState) -> Flask:
         server is stopping, new requests get 503 at once instead of a reset connection later."""
         if request.path == "/health":
             return None
-        if state.api_key is not None:
+        if state.api_key is not None and request.path != "/":  # the page holds no data; its calls send the key
             check_api_key(request.headers.get("Authorization"), state.api_key)
         if state.draining:
             raise ApiError(503, STOPPING)
@@ -356,6 +395,19 @@ def create_app(state: ServerState) -> Flask:
             503 if state.draining else 200,
         )
 
+    @app.get("/")
+    def page() -> Response:
+        from onmt_doc.serve.page import PAGE
+
+        response = Response(PAGE, mimetype="text/html")
+        # everything the page needs is in it: forbid loading anything from elsewhere
+        response.headers["Content-Security-Policy"] = (
+            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
+            "img-src 'self' data:; form-action 'none'; base-uri 'none'; frame-ancestors 'none'"
+        )
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        return response
+
     @app.get("/models")
     def models() -> Response:
         return _json(
@@ -374,6 +426,9 @@ def create_app(state: ServerState) -> Flask:
         state.enter()
         try:
             out = model.batcher.translate(req.documents, client_gone(request.environ), context=req.context)
+            explained = None
+            if req.explain:
+                explained = model.batcher.call(lambda t: explanations(t, req.documents, out)).result()
         except Cancelled as e:
             raise ApiError(503, f"cancelled: {e}") from None
         except UserError as e:
@@ -385,6 +440,6 @@ def create_app(state: ServerState) -> Flask:
         finally:
             state.leave()
         used = None if req.context is None else CONTEXT_USED[model.translator.context_sides()]
-        return _json(response_body(model.name, out, req.single, req.n_best, req.scores, used))
+        return _json(response_body(model.name, out, req.single, req.n_best, req.scores, used, explained))
 
     return app

@@ -79,6 +79,22 @@ class _Request:
     future: Future = field(default_factory=Future)
 
 
+@dataclass(eq=False)
+class _Call:
+    """Work for the worker besides translation (:meth:`Batcher.call`)."""
+
+    fn: Callable[[Translator], object]
+    future: Future = field(default_factory=Future)
+
+    def run(self, translator: Translator) -> None:
+        """Call ``fn``; its result or exception goes to the future."""
+        if self.future.set_running_or_notify_cancel():
+            try:
+                self.future.set_result(self.fn(translator))
+            except Exception as e:  # noqa: BLE001 - handed to the waiting request
+                self.future.set_exception(e)
+
+
 def cut(documents: Documents, budget: int, split_documents: bool) -> list[tuple[list[Part], int]]:
     """``documents`` as slices of at most ``budget`` cost each (one unit over it is a slice of its
     own): (parts, cost) in order. ``split_documents``: cut between sentences (a sentence-level
@@ -123,7 +139,7 @@ class Batcher:
         self.batch_tokens, self.batch_wait = batch_tokens, batch_wait_ms / 1000.0
         self.split_documents = translator.model.unit == "sentence"
         self.stats = BatcherStats()
-        self._queue: queue.Queue[Union[_Request, str]] = queue.Queue()
+        self._queue: queue.Queue[Union[_Request, _Call, str]] = queue.Queue()
         self._lock = threading.Lock()  # orders submit() against stop(): nothing is queued after the sentinel
         self._stopping = False
         self._closing = False  # the worker met the sentinel: serve what is left, then end
@@ -165,6 +181,16 @@ class Batcher:
         """Submit and wait: what a handler thread calls. Raises :class:`Cancelled` if dropped."""
         return self.submit(documents, is_gone, context).result(timeout)
 
+    def call(self, fn: Callable[[Translator], object]) -> Future:
+        """Run ``fn(translator)`` on the worker, between two translation calls (the translator is
+        the worker's alone): the forced pass of a request's ``"explain"``. Its future holds the result."""
+        job = _Call(fn)
+        with self._lock:
+            if self._stopping:
+                raise RuntimeError("the batcher is stopping")
+            self._queue.put(job)
+        return job.future
+
     def cancel_all(self, reason: str) -> None:
         """Drop every request, queued or in progress, at the worker's next call (the one running
         finishes); their futures fail with ``Cancelled(reason)``. For a shutdown past its grace."""
@@ -201,11 +227,13 @@ class Batcher:
             except queue.Empty:
                 return
 
-    def _receive(self, item: Union[_Request, str]) -> None:
+    def _receive(self, item: Union[_Request, "_Call", str]) -> None:
         if item == _STOP:
             self._closing = True
         elif isinstance(item, str):  # _WAKE
             return
+        elif isinstance(item, _Call):
+            item.run(self.translator)
         elif item.left == 0:  # nothing to translate (no sentences): answered at once
             item.future.set_result(item.out)
             self.stats.requests += 1

@@ -3,7 +3,8 @@
 TensorBoard tags: train/{loss,ppl,acc,lr,tok_per_s,grad_norm}, valid/{loss,ppl,acc,bleu} (with
 several validation sets valid/<name>/{...}), epoch/examples/<corpus> (examples per epoch), plus
 whatever a loss or model adds under its own prefix (valid/entropy/*, valid/gate/* from
-:mod:`onmt_doc.modules.analysis`). A resumed run purges events after the
+:mod:`onmt_doc.modules.analysis`); with ``log.pictures``, images pictures/doc<k>/<picture> of
+what the model reads from context. A resumed run purges events after the
 checkpoint's step, so the curves continue as one run.
 """
 
@@ -82,6 +83,12 @@ class Reporter:
         if self.writer:
             for key, value in values.items():
                 self.writer.add_scalar(f"{prefix}/{key}", value, step)
+
+    def images(self, step: int, images: dict) -> None:
+        """TensorBoard images ``pictures/<tag>`` ([H, W, 3] uint8 arrays; no-op without TensorBoard)."""
+        if self.writer:
+            for tag, image in images.items():
+                self.writer.add_image(f"pictures/{tag}", image, step, dataformats="HWC")
 
     def record(self, event: str, step: int, values: dict) -> None:
         """One JSON line of ``log.metrics_file`` (no-op without one)."""

@@ -70,6 +70,9 @@ class ValidSet:
 # a validation metric beyond the losses: (model in eval mode, set) -> {name: value}; {} when it
 # does not apply to the set (e.g. BLEU without text documents)
 ValidMetric = Callable[[torch.nn.Module, ValidSet], dict]
+# the context pictures of a validation: (model in eval mode, set) -> {tag: [H, W, 3] image}; {}
+# at the validations ``log.pictures`` skips
+ValidPictures = Callable[[torch.nn.Module, ValidSet], dict]
 
 
 @dataclass
@@ -89,6 +92,7 @@ class RunParts:
     fingerprint: dict  # what the sampler's position means (run_folder.data_fingerprint)
     valid_sets: list[ValidSet] = field(default_factory=list)
     metrics: list[ValidMetric] = field(default_factory=list)
+    pictures: Optional[ValidPictures] = None  # log.pictures
 
     def resumable(self, optimizer_type: str, progress: Progress) -> Resumable:
         """The parts a checkpoint saves and a resume restores (``optimizer_type``: ``optim.type``), with
@@ -158,6 +162,7 @@ def build_run(cfg: Config, ctx: DistContext) -> RunParts:
         fingerprint=data_fingerprint(examples, cfg, ctx.world, mix),
         valid_sets=valid_sets,
         metrics=valid_metrics(cfg, codec, ctx.device),
+        pictures=valid_pictures(cfg, codec, ctx.device),
     )
 
 
@@ -241,6 +246,34 @@ def bleu_metric(cfg: Config, codec: Codec, device: torch.device) -> ValidMetric:
         return {"bleu": report(hyps, refs, v.documents)["bleu"]}
 
     return bleu
+
+
+def valid_pictures(cfg: Config, codec: Codec, device: torch.device) -> Optional[ValidPictures]:
+    """With ``log.pictures`` N, the context pictures of the first ``log.picture_documents``
+    validation documents of 2 to 6 sentences (the same ones at every validation, so a run shows
+    how the reading changes), at the first validation and every N-th after; None without."""
+    if not cfg.log.pictures:
+        return None
+    from onmt_doc.evaluation.context_pictures import require_matplotlib, rgb
+    from onmt_doc.evaluation.context_reading import read_document
+
+    require_matplotlib()  # a missing extra fails at the start, not at the first validation
+    validations = 0
+
+    def pictures(model: torch.nn.Module, v: ValidSet) -> dict:
+        nonlocal validations
+        validations += 1
+        if (validations - 1) % cfg.log.pictures:
+            return {}
+        translator = Translator(model, codec, cfg, cfg.translate, device)
+        chosen = [d for d in v.docs if 2 <= len(d) <= 6][: cfg.log.picture_documents]
+        images = {}
+        for k, doc in enumerate(chosen):
+            reading = read_document(translator, [s for s, _ in doc], [t for _, t in doc])
+            images.update({f"doc{k + 1}/{h.key}": rgb(h) for h in reading.heatmaps})
+        return images
+
+    return pictures
 
 
 def run_summary(cfg: Config, parts: RunParts, ctx: DistContext) -> str:

@@ -267,6 +267,8 @@ class Trainer:
                     metrics.update({f"{v.name}/{k}": value for k, value in m.items()})
                 if v.name == self.best_on:
                     metrics.update(m)
+            if reporter and self.parts.pictures and self.valid_sets:  # log.pictures: what the model reads
+                reporter.images(self.step, self.parts.pictures(self.model, self.valid_sets[0]))
             if self.early.update(metrics["bleu" if self.early.metric == "bleu" else "loss"]):
                 self.save_best()
         distributed.barrier(self.ctx)  # other ranks follow rank 0's stop decision (broadcast by train)

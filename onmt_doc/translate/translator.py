@@ -271,6 +271,12 @@ class Translator:
         (a sentence model: the context is not used). See ``Unit.context_sides``."""
         return unit_class(self.model.unit).context_sides()
 
+    def instances(self, documents: Sequence[Sequence[tuple[str, str]]]) -> tuple[list[list[tuple]], list[Example]]:
+        """The tokenized documents of (source, target) pairs and the instances forced decoding
+        runs for them (``score``'s): what the context pictures read the model's attention on."""
+        tok_docs, _ = self._encode(documents, with_target=True)
+        return tok_docs, self._instances(tok_docs)
+
     @staticmethod
     def _items(docs: list[list[tuple]], contexts: Optional[list[list[tuple]]]) -> list[Optional[list]]:
         """The translator's items: each document's pairs (with its context, if any); None for an
