@@ -185,7 +185,8 @@ def _main(argv: Optional[list[str]]) -> int:
     refuse_inputs(args.output, inputs)
     check_writable_target(args.output)
     if args.metrics_file:
-        refuse_inputs(args.metrics_file, [*inputs, ("-output", args.output)], "-metrics_file")
+        output = "/dev/stdout" if args.output == "-" else args.output  # the translations, wherever they go
+        refuse_inputs(args.metrics_file, [*inputs, ("-output", output)], "-metrics_file")
         check_writable_target(args.metrics_file, "-metrics_file")
     if args.max_line_chars is not None and args.max_line_chars < 0:
         raise UserError(f"-max_line_chars must be >= 0 (got {args.max_line_chars})")
