@@ -119,7 +119,7 @@ def refuse_inputs(path: PathLike, inputs: Iterable[Input], flag: str = "-output"
         else:
             same = out_node is not None and out_node == _regular_node(in_path, in_fd)
         if same:
-            where = describe(flag, p) if out_fd is None else f"{describe(flag, p)} ({_STREAM_NAMES.get(out_fd, p)})"
+            where = f"{describe(flag, p)} ({_STREAM_NAMES[out_fd]})" if out_fd in _STREAM_NAMES else describe(flag, p)
             raise UserError(f"{where} is {_named(in_flag, in_path, in_fd)}; writing it would destroy the input")
 
 
@@ -461,10 +461,9 @@ def parse_json(data: Union[bytes, str], where: str, what: str = "JSON file", max
     except ValueError as e:
         raise DataError(f"{where}: not valid JSON ({str(e).splitlines()[0][:120]}); not a {what}") from None
     except RecursionError:
-        value = None
-        max_depth = -1
-    if max_depth < 0 or _depth_over(value, max_depth):
-        raise DataError(f"{where}: JSON nested more than {MAX_JSON_DEPTH} deep; not a {what}")
+        raise DataError(f"{where}: JSON nested more than {max_depth} deep; not a {what}") from None
+    if _depth_over(value, max_depth):
+        raise DataError(f"{where}: JSON nested more than {max_depth} deep; not a {what}")
     return value
 
 

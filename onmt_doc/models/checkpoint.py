@@ -208,9 +208,11 @@ def load_checkpoint(path: str) -> dict:
     ckpt = read_torch_file(path, "checkpoint", DAMAGED_HINT)
     if not isinstance(ckpt, dict) or "format_version" not in ckpt or "model" not in ckpt:
         raise UserError(f"{path}: not an onmt_doc checkpoint (no format_version/model entries)")
-    if not isinstance(ckpt["format_version"], int) or ckpt["format_version"] > FORMAT_VERSION:
+    if isinstance(ckpt["format_version"], bool) or not isinstance(ckpt["format_version"], int):
+        raise UserError(f"{path}: not an onmt_doc checkpoint (format_version {ckpt['format_version']!r:.40})")
+    if ckpt["format_version"] > FORMAT_VERSION:
         raise UserError(
-            f"{path}: checkpoint format {ckpt['format_version']!r} is newer than this "
+            f"{path}: checkpoint format {ckpt['format_version']} is newer than this "
             f"onmt_doc understands ({FORMAT_VERSION}); upgrade onmt_doc"
         )
     return ckpt
