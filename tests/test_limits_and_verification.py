@@ -98,6 +98,24 @@ def test_a_vocabulary_changed_since_it_was_written_is_refused(toy_dir, tmp_path)
     assert load_codec(cfg.vocab, str(run)).tgt_vocab.itos[10] == vocab[10]
 
 
+def test_a_forced_new_vocabulary_keeps_the_old_ones_digests_with_its_backup(toy_dir, tmp_path):
+    """build_vocab -force over a run with checkpoints keeps the old files as <name>.backup-<time>:
+    their record goes with them, so a backup put back is checked like the original."""
+    from onmt_doc.data.prepare import save_codec
+
+    cfg = config_from_dict(tiny_config(toy_dir, tmp_path / "run"))
+    run = tmp_path / "run"
+    codec = build_codec(cfg.data, cfg.vocab, str(run))
+    old = {name: (run / name).read_bytes() for name in ("vocab.txt", "subword.model", MANIFEST)}
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "step_1.pt").write_bytes(b"a checkpoint trained with the old vocabulary")
+    codec.tgt_vocab.itos.append("new_token")  # another vocabulary (a shared codec: both sides)
+    save_codec(codec, str(run), shared=True, force=True)
+    backups = {p.name.split(".backup-")[0]: p.read_bytes() for p in run.iterdir() if ".backup-" in p.name}
+    assert backups == {"vocab.txt": old["vocab.txt"], MANIFEST: old[MANIFEST]}
+    assert load_codec(cfg.vocab, str(run)).tgt_vocab.itos[-1] == "new_token"  # the new record fits the new file
+
+
 @pytest.mark.parametrize(
     "how,message",
     [

@@ -4,7 +4,8 @@ Streams documents: one output line per input line, blank lines (document breaks)
 document written as soon as it is translated. With -tgt, prints BLEU and chrF (and d-BLEU for
 document files) to stderr; with -score, writes the log-probability of each -tgt sentence instead.
 -output FILE is written to a temporary file in the same folder and renamed when done, so a failed
-run never truncates an existing file; an -output that is (a link to) an input file is refused.
+run never truncates an existing file; an -output that is (a link to) an input file is refused, and so
+are standard input and output that are one (``-src - < x -output x``, ``-src x >> x``).
 Several -model checkpoints translate as an ensemble. -engine ctranslate2 -model FOLDER translates
 with a CTranslate2 export of onmt_doc_release (sentence, k_to_1 and k_to_k models) instead of
 onmt_doc's own search. -stream translates line by line as lines arrive (standard input, a pipe):

@@ -284,7 +284,8 @@ def _guard_replacement(run_dir: str, paths: list[str], force: bool) -> list[str]
         )
     stamp = time.strftime("%Y%m%d-%H%M%S")
     backups = []
-    for path in existing:
+    manifest = os.path.join(run_dir, MANIFEST)  # their digests go with them: the backups stay checkable
+    for path in existing + ([manifest] if os.path.exists(manifest) else []):
         backup = f"{path}.backup-{stamp}"
         shutil.copy2(path, backup)
         backups.append(backup)
