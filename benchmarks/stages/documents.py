@@ -170,6 +170,4 @@ def docmt_recipe(p: RecipeParams, ctx: StageContext) -> None:
     opt = r.Options(ctx.data, ctx.work_dir("recipe"), ctx.device, minutes, ctx.smoke, list(p.systems),
                     held_out_docs=p.held_out_docs, test_sentences=p.test_sentences,
                     ablation_sentences=p.ablation_sentences, bootstrap=p.bootstrap)  # fmt: skip
-    if ctx.smoke:
-        opt.test_sentences, opt.ablation_sentences, opt.bootstrap, opt.check_cpu_sentences = 12, 8, 50, 4
     r.run(opt, ctx.record)

@@ -12,7 +12,8 @@
    fine-tuned from the pre-trained model; every training gets a share of ``--minutes``.
 3. The table: s-BLEU and d-BLEU per domain of docmt-en-de/{ted,news,europarl}.test with 95% bootstrap
    intervals over documents; for the document systems the context ablation (true / no / shuffled
-   context: s-BLEU and nats per word) and CXMI; every system's validation curve. Each row is written to
+   context: s-BLEU and nats per word), CXMI and the toy contrastive suite's pronoun accuracy (a
+   sanity line: context as given, removed, shuffled); every system's validation curve. Each row is written to
    ``OUT/results.jsonl`` and ``OUT/table.md`` when measured, so a cut-off run reports what finished.
 4. A GPU checkpoint is a user's: the best document model translates a few test documents greedily on
    the GPU and on the CPU, and the row says how many sentences agree; the concatenation model exported
@@ -50,6 +51,7 @@ SYSTEMS = [
     ("k_to_k", "k_to_k.yaml", "doc", 0.10),
 ]
 DOCUMENT_SYSTEMS = ("g_transformer", "hm_gdc", "k_to_1", "k_to_k")
+CONTRASTIVE_NAMES = {"none": "as given", "remove": "removed", "shuffle": "shuffled"}  # the suite's ablations
 TRAIN_SHARE = 0.62  # of --minutes; the rest is preparation and evaluation
 # --smoke: toy shapes and a few steps (CI runs it on the toy stand-ins of the data sets)
 SMOKE = {
@@ -85,9 +87,15 @@ class Options:
     bootstrap: int = 1000
     seed: int = 1
     check_cpu_sentences: int = 40  # greedy GPU vs CPU agreement of the best document model (0: skip)
+    contrastive_docs: int = 145  # documents of the toy contrastive suite (0: skip the sanity line)
     train_docs: int = 0  # per domain, the first N training documents (0: all; rehearsals)
     domains: list = field(default_factory=lambda: list(DOMAINS))
     pretrain_lines: int = 0  # the last N pre-training pairs (0: all; rehearsals)
+
+    def __post_init__(self) -> None:
+        if self.smoke:  # toy evaluation sizes beside SMOKE's toy shapes
+            self.test_sentences, self.ablation_sentences, self.bootstrap = 12, 8, 50
+            self.check_cpu_sentences, self.contrastive_docs = 4, 4
 
 
 Record = Callable[..., dict]
@@ -310,6 +318,30 @@ def evaluate(opt: Options, name: str, ckpt: str, data: dict, record: Record, dea
         result = cxmi(translator, [list(zip(s, r)) for s, r in zip(*docs)], top_tokens=5)
         record(system=name, cxmi=result["cxmi"], cxmi_tokens=result["tokens"],
                top_tokens=[t["token"] for t in result["top_tokens"]])  # fmt: skip
+    contrastive_sanity(opt, name, translator, record, deadline)
+
+
+def contrastive_sanity(opt: Options, name: str, translator, record: Record, deadline: float) -> None:
+    """The toy contrastive suite (onmt_doc.toy: "it" whose German pronoun the previous sentence's
+    subject decides) with its context as given, removed and shuffled: a sanity line, not a result. Its
+    words are a toy vocabulary's, so every system scores it out of domain; a model that uses context
+    should still rank the right pronoun higher with the context than without, a sentence model
+    scores the three alike."""
+    from onmt_doc.evaluation.contrastive import ABLATIONS, ablate, evaluate_suite, read_suite
+    from onmt_doc.toy.contrastive_suite import write_toy_suite
+
+    if not opt.contrastive_docs:
+        return
+    suite = os.path.join(opt.out, "data", "toy_suite", "test.contrastive.json")
+    if not os.path.exists(suite):
+        os.makedirs(os.path.dirname(suite), exist_ok=True)
+        write_toy_suite(os.path.dirname(suite), seed=opt.seed, test_docs=opt.contrastive_docs)
+    for ablation in ABLATIONS:  # "none": nothing ablated
+        if time.time() > deadline:
+            record(system=name, contrastive=ablation, skipped="out of time")
+            continue
+        result = evaluate_suite(translator, ablate(read_suite(suite), ablation, seed=opt.seed))
+        record(system=name, contrastive=ablation, accuracy=result["accuracy"], items=result["total"])
 
 
 def check_cpu(opt: Options, trained: dict, data: dict, record: Record, deadline: float) -> None:
@@ -374,6 +406,9 @@ def table(rows: list[dict]) -> str:
                        f"[{r['s_bleu_ci'][0]:.2f}, {r['s_bleu_ci'][1]:.2f}] |")  # fmt: skip
     out += ["", "| system | CXMI (nats/token) |", "|---|---|"]
     out += [f"| {r['system']} | {r['cxmi']:.4f} |" for r in rows if "cxmi" in r]
+    out += ["", "| system | toy suite: context | pronoun accuracy % | items |", "|---|---|---|---|"]
+    out += [f"| {r['system']} | {CONTRASTIVE_NAMES[r['contrastive']]} | {r['accuracy']:.1f} | {r['items']} |"
+            for r in rows if "contrastive" in r and "accuracy" in r]  # fmt: skip
     return "\n".join(out) + "\n"
 
 
@@ -403,8 +438,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     open(marker, "a").close()
     opt = Options(a.data, a.out, a.device, a.minutes, a.smoke, a.systems, test_sentences=a.test_sentences,
                   ablation_sentences=a.ablation_sentences)  # fmt: skip
-    if opt.smoke:
-        opt.test_sentences, opt.ablation_sentences, opt.bootstrap, opt.check_cpu_sentences = 12, 8, 50, 4
     results, rows = os.path.join(a.out, "results.jsonl"), []
     open(results, "w").close()
 
