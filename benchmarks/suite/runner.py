@@ -19,8 +19,9 @@ import time
 import traceback
 from typing import Optional
 
-from benchmarks.suite.spec import REPO, Spec, StageSpec, stage_params
+from benchmarks.suite.spec import Spec, StageSpec, stage_params
 from benchmarks.suite.stage import STAGE_MARK, StageContext
+from benchmarks.suite.system import REPO
 from onmt_doc.errors import UserError
 
 GRACE_SECONDS = 20.0  # past its budget a stage is stopped; it should watch ctx.seconds_left() itself
