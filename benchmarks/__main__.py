@@ -21,14 +21,17 @@ def default_out(name: str, smoke: bool, parent: Optional[str] = None) -> str:
     )
 
 
-def run(spec, out: str, args: argparse.Namespace, argv: list[str]) -> int:
-    """``run`` for one spec: its data (toy stand-ins under --smoke unless --data), then the stages."""
+def run(spec, out: str, args: argparse.Namespace, argv: list[str], stand_in_root: str) -> int:
+    """``run`` for one spec: its data (toy stand-ins under --smoke unless --data, written into
+    ``stand_in_root``, a run folder of the suite), then the stages."""
     from benchmarks.suite import report, runner
     from benchmarks.suite.smoke_data import make_smoke_data
 
+    out = os.path.abspath(out)  # the stages' processes run in the repository, not in the caller's folder
+    runner.claim_run_folder(out)
     data = args.data
     if not data:
-        stand_ins = os.path.join(os.path.dirname(os.path.abspath(out)), ".smoke-data")
+        stand_ins = os.path.join(stand_in_root, ".smoke-data")
         data = make_smoke_data(stand_ins) if args.smoke else os.environ.get("ONMT_DOC_DATA", DEFAULT_DATA)
     if args.only:
         return runner.run_stage(spec, args.only, out, args.smoke, data, args.device, args.deadline)
@@ -89,10 +92,15 @@ def main(argv: list[str]) -> int:
                 print(f"updated '## {spec.section}' in {args.docs or report.DOCS}")
             return 0
         specs = [load_spec(path) for path in args.spec]  # all checked before anything runs
+        from benchmarks.suite.runner import claim_run_folder
+
+        several = args.out and len(specs) > 1
+        if several:  # the parent of the specs' run folders is one too
+            claim_run_folder(args.out)
         rc = 0
         for spec in specs:
             out = args.out if args.out and len(specs) == 1 else default_out(spec.name, args.smoke, args.out)
-            rc = max(rc, run(spec, out, args, argv))
+            rc = max(rc, run(spec, out, args, argv, args.out if several else out))
         return rc
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,19 +1,46 @@
 """Which device a command runs on: one rule for training (``train.device``), translation
 (``translate`` options, ``-device``), evaluation and the server, so ``auto`` means the same
-everywhere. A foundation module: the translator and the trainer both read it, neither owns it."""
+everywhere; and how many CPU processes or threads a user may ask for (:func:`check_count`). A
+foundation module: the translator and the trainer both read it, neither owns it. torch is
+imported where a device is picked, so that counting cores does not load it."""
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Iterator, Literal
-
-import torch
+import os
+from typing import TYPE_CHECKING, Iterator, Literal
 
 from onmt_doc.errors import ConfigError
 
+if TYPE_CHECKING:
+    import torch
 
-def pick_device(spec: str, local_rank: int = 0, key: str = "train.device") -> torch.device:
+PER_CORE = 8  # the most worker processes or threads per CPU core a user may ask for
+
+
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity, e.g. a container's or taskset's share)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def check_count(value: int, name: str, per_core: int = PER_CORE) -> int:
+    """``value`` worker processes or threads (``data.workers``, ``-threads``), refused above
+    ``per_core`` per core of this machine: a typo of 10^6 would otherwise start a million
+    processes, or ask torch for a million-thread pool, before anything else went wrong."""
+    cores = cpu_cores()
+    if value > per_core * cores:
+        raise ConfigError(
+            f"{name} {value}: more than {per_core} per CPU core of this machine ({cores} cores: at most "
+            f"{per_core * cores}); 0 picks a number from the cores"
+        )
+    return value
+
+
+def pick_device(spec: str, local_rank: int = 0, key: str = "train.device") -> "torch.device":
     """``auto`` (the local rank's GPU if CUDA is available, else CPU), ``cpu``, ``cuda`` (the local
     rank's GPU) or ``cuda:N``; raises ConfigError at ``key`` for unavailable or invalid devices."""
     device = _parse(spec, local_rank, key)
@@ -22,7 +49,9 @@ def pick_device(spec: str, local_rank: int = 0, key: str = "train.device") -> to
     return device
 
 
-def _parse(spec: str, local_rank: int, key: str) -> torch.device:
+def _parse(spec: str, local_rank: int, key: str) -> "torch.device":
+    import torch
+
     if spec == "auto":
         return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
     if spec.startswith("cuda") and not torch.cuda.is_available():
@@ -42,6 +71,8 @@ def avoid_cudnn_attention() -> None:
     an H100 with torch 2.11 that cost ~10 ms of CPU per attention call, 9× slower sentence training
     and 10 s G-Transformer steps (docs/benchmarks.md, "GPU"). A process-wide switch, as PyTorch
     offers it; every command that picks a CUDA device sets it."""
+    import torch
+
     torch.backends.cuda.enable_cudnn_sdp(False)
 
 
@@ -68,7 +99,7 @@ PATHS = ("packed", "fused")
 _FORCED: contextvars.ContextVar[str] = contextvars.ContextVar("onmt_doc_kernel_path", default="auto")
 
 
-def fused(device: torch.device) -> bool:
+def fused(device: "torch.device") -> bool:
     """Whether the parts on ``device`` take the fused (GPU) path."""
     chosen = _FORCED.get()
     return device.type == "cuda" if chosen == "auto" else chosen == "fused"

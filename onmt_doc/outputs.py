@@ -24,17 +24,19 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import json
 import os
 import re
 import shutil
 import stat
 import sys
-from typing import IO, Iterable, Iterator, Optional, Sequence, Union
+from typing import IO, Any, Iterable, Iterator, Optional, Sequence, Union
 
 from onmt_doc.errors import DataError, UserError
 
 PathLike = Union[str, "os.PathLike[str]"]
-# an input of a command: (how the user named it, e.g. "-src", its path); None or "-" paths are skipped
+# an input of a command: (how the user named it, e.g. "-src", its path); None is skipped, "-" is
+# standard input and "/dev/stdout" standard output (an output that must not land on another one)
 Input = tuple[str, Optional[PathLike]]
 
 STDOUT = "-"
@@ -74,14 +76,51 @@ def _real_inputs(inputs: Iterable[Input]) -> list[tuple[str, str]]:
     return [(flag, os.fspath(p)) for flag, p in inputs if p is not None and os.fspath(p) not in ("", STDOUT)]
 
 
+STDIN = "-"  # an input named "-" is standard input (``-src -``)
+_STREAM_NAMES = {0: "standard input", 1: "standard output", 2: "standard error"}
+
+
+def _descriptor(path: str, is_input: bool) -> Optional[int]:
+    """The descriptor a command's path stands for: ``-`` (standard input for an input, standard
+    output for an output), ``/dev/stdin``, ``/dev/stdout``, ``/dev/fd/N``…; None for a plain path."""
+    if path == STDIN:
+        return 0 if is_input else 1
+    return 0 if path == "/dev/stdin" else descriptor_of(path)
+
+
+def _regular_node(path: str, fd: Optional[int]) -> Optional[tuple[int, int]]:
+    """(st_dev, st_ino) of the regular file behind ``fd`` (or ``path``); None for a terminal, a
+    pipe, a device or a missing file: only a regular file can be read and written over at once."""
+    try:
+        st = os.fstat(fd) if fd is not None else os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
+
+
+def _named(flag: str, path: str, fd: Optional[int]) -> str:
+    """How an input is named in a refusal: ``the -src file x.en``, ``-src - (standard input)``."""
+    shown = f"{path} ({_STREAM_NAMES[fd]})" if fd in _STREAM_NAMES and path != _STREAM_NAMES[fd] else path
+    return f"the {flag} file {shown}" if flag else f"the input {shown}"
+
+
 def refuse_inputs(path: PathLike, inputs: Iterable[Input], flag: str = "-output") -> None:
-    """A one-line ``UserError`` if the output ``path`` is, or resolves to, one of ``inputs``."""
-    if os.fspath(path) == STDOUT or descriptor_of(path) is not None:
-        return
-    for in_flag, in_path in _real_inputs(inputs):
-        if same_file(path, in_path):
-            what = f"the {in_flag} file {in_path}" if in_flag else f"the input {in_path}"
-            raise UserError(f"{describe(flag, path)} is {what}; writing it would destroy the input")
+    """A one-line ``UserError`` if the output ``path`` is, or resolves to, one of ``inputs``.
+    Standard input and output are files too: ``-src - < x.en`` with ``-output x.en``, or an output
+    to standard output (``-``) redirected onto an input (``>> x.en``), are the same file under
+    another name (compared by device and inode, for regular files)."""
+    p = os.fspath(path)
+    out_fd = _descriptor(p, is_input=False)
+    out_node = _regular_node(p, out_fd)
+    for in_flag, in_path in ((f, os.fspath(x)) for f, x in inputs if x is not None and os.fspath(x) != ""):
+        in_fd = _descriptor(in_path, is_input=True)
+        if out_fd is None and in_fd is None:
+            same = same_file(p, in_path)
+        else:
+            same = out_node is not None and out_node == _regular_node(in_path, in_fd)
+        if same:
+            where = f"{describe(flag, p)} ({_STREAM_NAMES[out_fd]})" if out_fd in _STREAM_NAMES else describe(flag, p)
+            raise UserError(f"{where} is {_named(in_flag, in_path, in_fd)}; writing it would destroy the input")
 
 
 def refuse_folder_holding_inputs(folder: PathLike, inputs: Iterable[Input], flag: str = "-output") -> None:
@@ -179,6 +218,7 @@ def output_file(
     completes; an exception inside it leaves any existing file untouched. ``durable`` fsyncs the
     file and its folder (checkpoints: after a power loss the name holds the old or the new file)."""
     p = os.fspath(path)
+    refuse_inputs(p, inputs, flag)
     if p == STDOUT:
         if sys.stdout is None or sys.stdout.closed:
             raise UserError(f"{describe(flag, p)}: standard output is closed; give a file name")
@@ -196,7 +236,6 @@ def output_file(
         with _stream_descriptor(fd, p, flag, binary) as f:
             yield f
         return
-    refuse_inputs(p, inputs, flag)
     check_writable_target(p, flag, make_folder)
     if make_folder:
         make_folders(os.path.dirname(os.path.abspath(p)), flag, p)
@@ -399,5 +438,42 @@ def read_input_bytes(path: PathLike, flag: str = "", limit: int = 1 << 30, what:
         except OSError as e:
             raise DataError(f"{describe(flag, path)}: cannot be read ({_os_reason(e)})") from None
     if len(data) > limit:
-        raise DataError(f"{describe(flag, path)}: larger than {limit >> 20} MiB; not a {what}")
+        raise DataError(f"{describe(flag, path)}: larger than {_size(limit)}; not a {what}")
     return data
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB" if n >= 1 << 10 else f"{n} bytes"
+
+
+# the deepest nesting accepted in a JSON file a user hands in (configs and vocabularies nest 2-4 deep)
+MAX_JSON_DEPTH = 64
+
+
+def parse_json(data: Union[bytes, str], where: str, what: str = "JSON file", max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """A user's JSON, strictly: UTF-8, valid, nested at most ``max_depth`` deep (the parser's own
+    limit is a ``RecursionError`` near 1000, and code walking a value nested that deep fails later);
+    every problem a one-line ``DataError`` naming ``where``."""
+    try:
+        value = json.loads(data.decode("utf-8") if isinstance(data, bytes) else data)
+    except UnicodeDecodeError as e:
+        raise DataError(f"{where}: not UTF-8 text ({e.reason} at byte {e.start}); not a {what}") from None
+    except ValueError as e:
+        raise DataError(f"{where}: not valid JSON ({str(e).splitlines()[0][:120]}); not a {what}") from None
+    except RecursionError:
+        raise DataError(f"{where}: JSON nested more than {max_depth} deep; not a {what}") from None
+    if _depth_over(value, max_depth):
+        raise DataError(f"{where}: JSON nested more than {max_depth} deep; not a {what}")
+    return value
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists and objects more than ``limit`` deep (iteratively: no recursion)."""
+    stack = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            if depth >= limit:
+                return True
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return False

@@ -60,6 +60,12 @@ def _import(path: str, real: str, where: str) -> str:
     except UserError:
         del sys.modules[name]
         raise
+    except SystemExit as e:  # exit() in the plugin: the plugin's doing, not a silent end of the command
+        del sys.modules[name]
+        raise UserError(
+            f"{where}: {path}: the plugin called exit({e.code!r:.80}) while being imported; "
+            "a plugin only registers parts"
+        ) from None
     except Exception as e:  # the plugin's own code: report it in one line, naming the plugin
         del sys.modules[name]
         reason = (str(e).strip().splitlines() or [""])[0][:200]

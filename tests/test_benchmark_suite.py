@@ -150,3 +150,67 @@ def test_a_folder_named_like_a_stage_that_the_suite_did_not_make_is_never_remove
     assert done.returncode == 2 and "was not made by the benchmark suite" in done.stderr, done.stderr
     assert (out / "first" / "thesis.tex").read_text() == "years of work"
     assert not (out / "run.json").exists()
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_the_runner_writes_only_into_folders_it_made(tmp_path):
+    """Issue 42: ``--out`` wrote run.json and results.jsonl into any folder: ``.``, docs,
+    benchmarks/specs, the committed H100 records (``--out benchmarks/results/gpu``), a folder holding
+    a user's own run.json. It now takes a new or empty folder or one it made (``.benchmark-run``),
+    inside the repository only under runs/, and refuses the rest before anything runs."""
+    spec = write_spec(tmp_path / "s.yaml", ENV_OK)
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "run.json").write_text('{"my": "own run"}')
+    (tmp_path / "afile").write_text("x")
+    for out, message in (
+        (REPO / "docs", "a folder of the repository (docs)"),
+        (REPO / "benchmarks" / "specs", "a folder of the repository (benchmarks/specs)"),
+        (REPO / "benchmarks" / "results" / "gpu", "a folder of the repository (benchmarks/results/gpu)"),
+        (REPO, "a folder of the repository (.)"),
+        (REPO / "runs", "a folder of the repository (runs)"),
+        (user, "holds files (run.json…) and was not made by the benchmark suite"),
+        (tmp_path / "afile", "exists and is not a folder"),
+    ):
+        before = _tree(out) if out.is_dir() and out not in (REPO, REPO / "runs") else None  # runs/: maybe large
+        done = run_suite("run", str(spec), "--out", str(out))
+        assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
+        assert before is None or _tree(out) == before
+    assert not (REPO / "run.json").exists() and not (REPO / "results.jsonl").exists()
+    several = run_suite("run", str(spec), str(spec), "--out", str(user))  # several specs: the parent too
+    assert several.returncode == 2 and "was not made by the benchmark suite" in several.stderr, several.stderr
+    assert _tree(user) == {"run.json": b'{"my": "own run"}'}
+
+
+def test_a_relative_out_is_the_callers_folder_and_a_rerun_reuses_it(tmp_path):
+    """``--out rel`` from outside the repository: the stages' processes (run from the repository)
+    used to write under the repository's rel/ while run.json went to the caller's; a re-run into a
+    folder the suite made is accepted."""
+    spec = write_spec(tmp_path / "s.yaml", ENV_OK)
+    cmd = [sys.executable, "-m", "benchmarks", "run", "s.yaml", "--out", "rel"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    for _ in range(2):
+        done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+        assert done.returncode == 0, done.stderr
+    assert (tmp_path / "rel" / ".benchmark-run").exists() and not (REPO / "rel").exists()
+    status = [r for r in records(tmp_path / "rel") if "status" in r]
+    assert [r["status"] for r in status] == ["ok"], status  # the re-run replaced the first run's record
+    assert spec.exists()
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [("[" * 100_000, "nested too deeply to be a spec"), (b"title: \xff\n", "not valid UTF-8"), (None, "larger than")],
+    ids=["nested", "invalid-utf8", "dev-zero"],
+)
+def test_a_spec_is_read_as_strictly_as_a_config(tmp_path, text, message):
+    path = tmp_path / "s.yaml"
+    if text is None:
+        path.symlink_to("/dev/zero")
+    else:
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(ConfigError, match=message):
+        load_spec(str(path))

@@ -14,6 +14,7 @@ from test_training import small_corpus
 from test_unicode import SRC_MAP, TGT_MAP, write_variant
 
 from onmt_doc.data.vocab import SPECIALS
+from onmt_doc.errors import UserError
 
 pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
 
@@ -60,9 +61,13 @@ def test_training_uses_the_vocabulary_build_vocab_wrote(toy_dir, tmp_path):
     vocab = tmp_path / "run" / "vocab.txt"
     model = (tmp_path / "run" / "subword.model").read_bytes()
     assert "@@" in model.decode("utf-8") or len(model.splitlines()) > 10  # a BPE merge table
-    # hand-edit the vocabulary: training must take the file as it is, not learn a new one
+    # hand-edit the vocabulary: refused as a changed file (issue 42: vocab.sha256 records the files
+    # as written) until its record is deleted; then training takes the file as it is, not a new one
     tokens = vocab.read_text(encoding="utf-8").split("\n")[:-1]
     vocab.write_text("\n".join(tokens + ["handmade_token"]) + "\n", encoding="utf-8")
+    with pytest.raises(UserError, match=r"vocab\.txt: changed since it was written.*delete vocab\.sha256"):
+        train(config_from_dict(cfg))
+    (tmp_path / "run" / "vocab.sha256").unlink()
     train(config_from_dict(cfg))
     ckpt = load_checkpoint(str(tmp_path / "run" / "checkpoints" / "last.pt"))
     assert ckpt["codec"]["src_vocab"] == tokens + ["handmade_token"]

@@ -194,6 +194,26 @@ def test_table_round_trip_and_vocabulary_check(toy_dir, tmp_path):
         PMITable.load(str(tmp_path / "missing.npz"))
 
 
+def test_a_table_whose_arrays_index_outside_it_is_refused(tmp_path):
+    """The zip's CRC-32s say the bytes are the ones saved; the bounds say they can be a table: keys
+    out of order (the lookup is a binary search: counts silently wrong), outside V x V, negative
+    counts, arrays of unequal lengths."""
+    table = count_table([(np.array([7, 8]), np.array([9, 7]))], 10, 10)
+    table.save(str(tmp_path / "good.npz"))
+    good = dict(np.load(tmp_path / "good.npz"))
+    for name, arrays, message in (
+        ("unsorted", {"bi_keys": good["bi_keys"][::-1].copy()}, "bi_keys out of order"),
+        ("outside", {"mono_keys": good["mono_keys"] + 100}, "mono_keys out of order or outside"),
+        ("negative", {"src_counts": -good["src_counts"]}, "src_counts holds a negative value"),
+        ("short", {"bi_counts": good["bi_counts"][:-1]}, "bi_keys for"),
+        ("floats", {"tgt_counts": good["tgt_counts"].astype(float)}, "tgt_counts is not a list of integers"),
+    ):
+        np.savez(tmp_path / f"{name}.npz", **{**good, **arrays})
+        with pytest.raises(UserError, match=f"{name}.npz: not a PMI table.*{message}"):
+            PMITable.load(str(tmp_path / f"{name}.npz"))
+    assert PMITable.load(str(tmp_path / "good.npz")).digest() == table.digest()
+
+
 # ----------------------------------------------------------------------------- the decoder
 
 

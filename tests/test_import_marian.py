@@ -7,9 +7,12 @@ No network: nothing is downloaded."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import shutil
+import struct
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -271,6 +274,13 @@ def _copy(plain_folder: Path, tmp_path: Path) -> Path:
         ("add_final_layer_norm", True, "add_final_layer_norm True"),
         ("model_type", "bart", "model_type 'bart'"),
         ("decoder_vocab_size", 7, "decoder_vocab_size 7"),
+        # strict types (issue 42): a string is not a boolean, 0 is not replaced by a default
+        ("scale_embedding", "false", "scale_embedding 'false' is not true or false"),
+        ("tie_word_embeddings", 1, "tie_word_embeddings 1 is not true or false"),
+        ("share_encoder_decoder_embeddings", "true", "share_encoder_decoder_embeddings 'true' is not true or false"),
+        ("max_position_embeddings", 0, "max_position_embeddings 0 is not an integer >= 1"),
+        ("max_position_embeddings", None, "max_position_embeddings None is not an integer >= 1"),
+        ("activation_function", ["swish"], "activation_function ['swish']"),
     ],
 )
 def test_unsupported_config_values_are_refused(plain_folder, tmp_path, key, value, message):
@@ -442,3 +452,85 @@ def test_halves_layout_is_marians_table(dim):
     theirs = MarianSinusoidalPositionalEmbedding(512, dim).create_weight()
     assert torch.allclose(sinusoid_table(512, dim, "halves"), theirs, atol=1e-4)
     assert not torch.allclose(sinusoid_table(512, dim, "interleaved"), theirs, atol=1e-1)
+
+
+# ------------------------------------------------------------------ issue 42: every reader verifies
+
+
+def _record(folder: Path, name: str, digest: str) -> None:
+    """The download record ``huggingface-cli download --local-dir`` leaves: commit, ETag (an LFS
+    file's sha256), time."""
+    records = folder / ".cache" / "huggingface" / "download"
+    records.mkdir(parents=True, exist_ok=True)
+    (records / f"{name}.metadata").write_text(f"{'0' * 40}\n{digest}\n1700000000.0\n")
+
+
+def test_weights_are_checked_against_their_download_record(plain_folder, tmp_path):
+    """safetensors holds no checksum: a byte flipped in a tensor imported as a slightly different
+    model. Where the download recorded the file's sha256 it is checked (and said so); a mismatch is
+    refused naming the file."""
+    folder = _copy(plain_folder, tmp_path)
+    weights = folder / "model.safetensors"
+    _record(folder, "model.safetensors", hashlib.sha256(weights.read_bytes()).hexdigest())
+    r = run_cli(*module_cmd("onmt_doc.bin.import_marian"), "-model", str(folder), "-output", str(tmp_path / "ok.pt"))
+    assert r.returncode == 0 and "1 files matching their download's sha256" in r.stderr, r.stderr
+    data = bytearray(weights.read_bytes())
+    data[-7] ^= 0x01  # inside the last tensor: safetensors itself reads it without complaint
+    weights.write_bytes(bytes(data))
+    err = _import_error(tmp_path, folder)
+    assert "model.safetensors: damaged: its sha256 differs from the one its download recorded" in err, err
+
+
+def test_a_damaged_pytorch_model_bin_is_refused_by_its_crc(tmp_path):
+    """pytorch_model.bin is a torch.save zip: its records' CRC-32s are checked as a checkpoint's are."""
+    folder = write_marian(tmp_path / "bin", seed=4, safetensors=False)
+    data = (folder / "pytorch_model.bin").read_bytes()
+    with zipfile.ZipFile(folder / "pytorch_model.bin") as z:
+        record = max((r for r in z.infolist() if "/data/" in r.filename), key=lambda r: r.file_size)
+    with open(folder / "pytorch_model.bin", "rb") as f:
+        f.seek(record.header_offset + 26)
+        name_len, extra_len = struct.unpack("<HH", f.read(4))
+    start = record.header_offset + 30 + name_len + extra_len
+    flipped = bytearray(data)
+    flipped[start + record.file_size // 2] ^= 0x10
+    (folder / "pytorch_model.bin").write_bytes(bytes(flipped))
+    err = _import_error(tmp_path, folder)
+    assert "pytorch_model.bin: damaged PyTorch state dict (record data/" in err and "CRC mismatch" in err, err
+
+
+def test_nan_or_infinite_weights_are_refused(plain_folder, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = _copy(plain_folder, tmp_path)
+    tensors = load_file(folder / "model.safetensors")
+    name = next(k for k in tensors if k.endswith("fc1.weight"))
+    tensors[name][0, 0], tensors[name][1, 1] = float("nan"), float("inf")
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    err = _import_error(tmp_path, folder)
+    assert f"tensor {name} holds 2 NaN or infinite values" in err, err
+
+
+@pytest.mark.parametrize("name", ["config.json", "vocab.json"])
+def test_json_nested_past_the_bound_is_one_line(plain_folder, tmp_path, name):
+    folder = _copy(plain_folder, tmp_path)
+    (folder / name).write_text("[" * 100_000 + "]" * 100_000)
+    err = _import_error(tmp_path, folder, cli=name == "config.json")
+    assert f"{name}: JSON nested more than 64 deep" in err, err
+
+
+def test_a_folder_where_a_file_is_expected_says_so(plain_folder, tmp_path):
+    folder = _copy(plain_folder, tmp_path)
+    (folder / "config.json").unlink()
+    (folder / "config.json").mkdir()
+    assert "config.json: is a directory, not a file" in _import_error(tmp_path, folder)
+
+
+def test_a_pickle_refusal_is_one_sentence(plain_folder, tmp_path):
+    """torch's refusal is a paragraph advising weights_only=False; cut to a line it ended
+    mid-sentence. The line says what the file asked for, and that nothing ran."""
+    folder = _copy(plain_folder, tmp_path)
+    (folder / "model.safetensors").unlink()
+    torch.save({"w": torch.zeros(2), "opt": Path("x")}, folder / "pytorch_model.bin")
+    err = _import_error(tmp_path, folder, cli=True)
+    assert "asks for the Python object pathlib" in err and "loading runs no code" in err, err
+    assert "weights_only" not in err and err.rstrip().endswith(")"), err

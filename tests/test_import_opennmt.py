@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import fractions
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -482,4 +483,22 @@ def test_a_flipped_byte_in_an_opennmt_checkpoint_is_refused(tmp_path):
     torch.load(ckpt, weights_only=False)  # loads: the damage is silent without the check
     with pytest.raises(UserError, match=r"onmt\.pt: damaged OpenNMT-py checkpoint \(record data/\d+: CRC mismatch\)"):
         import_opennmt(str(ckpt), str(tmp_path / "m.pt"), None, subword="none")
+    assert not (tmp_path / "m.pt").exists()
+
+
+def test_nan_weights_and_options_of_the_wrong_type_are_refused(tmp_path):
+    """Weights holding NaN or an infinity would import as a model that translates garbage; an
+    option of the wrong type failed inside a comparison (a TypeError traceback)."""
+    sd, gen = _state(True, True, False)
+    name = next(k for k in sd if k.endswith("w_1.weight"))
+    sd[name] = sd[name].clone()
+    sd[name][0, 0] = float("nan")
+    ckpt = _write(tmp_path / "nan.pt", sd, gen, _opt())
+    with pytest.raises(UserError, match=rf"nan\.pt: tensor {re.escape(name)} holds 1 NaN or infinite values"):
+        import_opennmt(str(ckpt), str(tmp_path / "m.pt"), None, subword="none")
+    sd, gen = _state(True, True, False)
+    for key, value in (("max_relative_positions", "0"), ("norm_eps", [1e-6]), ("dec_hid_size", "16")):
+        ckpt = _write(tmp_path / f"{key}.pt", sd, gen, _opt(**{key: value}))
+        with pytest.raises(UserError, match=f"{key} {re.escape(repr(value))} is not a"):
+            import_opennmt(str(ckpt), str(tmp_path / "m.pt"), None, subword="none")
     assert not (tmp_path / "m.pt").exists()

@@ -11,10 +11,12 @@ and sampler batches, on the toy corpus and on a few thousand synthetic pairs.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import random
 import subprocess
 import sys
+import zlib
 from collections import Counter
 from pathlib import Path
 
@@ -25,12 +27,13 @@ from conftest import tiny_config
 from model_helpers import toy_codec
 
 from onmt_doc.config import config_from_dict
+from onmt_doc.data import mapped as mapped_module
 from onmt_doc.data.batching import BatchSampler, CorpusMix, collate, example_lengths, make_batch
 from onmt_doc.data.cache import binarize, cache_key, load_mapped, load_tokenized
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import read_parallel
 from onmt_doc.data.instances import Example, UnitOptions, mark_sentence
-from onmt_doc.data.mapped import ConcatExamples, MappedExamples, build_instances, open_mapped
+from onmt_doc.data.mapped import FILES, ConcatExamples, MappedExamples, build_instances, open_mapped
 from onmt_doc.data.tokenizer import Subword
 from onmt_doc.data.vocab import Vocab
 from onmt_doc.errors import DataError
@@ -350,6 +353,78 @@ def test_a_changed_file_invalidates_the_cache_and_a_damaged_one_is_rebuilt(tmp_p
         f.truncate(8)
     rebuilt, cached_rebuilt = load_mapped(src, tgt, codec, True, 0, str(tmp_path / "cache"))
     assert not cached_rebuilt and np.array_equal(rebuilt.tgt, expected)
+
+
+def _reseal(folder: Path, name: str) -> None:
+    """Write meta.json's CRC-32 of ``name`` as its bytes are now: damage a checksum cannot see, so
+    that what is tested is the bounds check behind it."""
+    meta = json.loads((folder / "meta.json").read_text())
+    key = next(k for k, (n, _) in FILES.items() if n == name)
+    meta["crc32"][key] = zlib.crc32((folder / name).read_bytes())
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+
+def _ids(folder: Path, name: str, dtype: str = "<i4") -> np.ndarray:
+    return np.fromfile(folder / name, dtype=dtype)
+
+
+def _overwrite(f: Path, name: str, data: bytes) -> None:
+    (f / name).write_bytes(data)
+
+
+def _array(f: Path, name: str, array: np.ndarray) -> None:
+    """Replace ``name`` by ``array`` and reseal it: the bounds check's job, not the checksum's."""
+    array.astype(FILES[next(k for k, (n, _) in FILES.items() if n == name)][1]).tofile(f / name)
+    _reseal(f, name)
+
+
+def _meta(f: Path, **changes) -> None:
+    (f / "meta.json").write_text(json.dumps({**json.loads((f / "meta.json").read_text()), **changes}))
+
+
+DAMAGE = {  # what is done to a complete cache folder, and the file the rebuild must name
+    "ids-overwritten-same-size": (lambda f: _overwrite(f, "src.ids", bytes((f / "src.ids").stat().st_size)), "src.ids"),
+    "ids-one-byte": (lambda f: _overwrite(f, "tgt.ids", b"\x01" + (f / "tgt.ids").read_bytes()[1:]), "tgt.ids"),
+    "ids-outside-vocab": (lambda f: _array(f, "src.ids", _ids(f, "src.ids") + 10_000), "src.ids"),
+    "negative-ids": (lambda f: _array(f, "tgt.ids", -_ids(f, "tgt.ids") - 1), "tgt.ids"),
+    "offsets-out-of-order": (lambda f: _array(f, "src.offsets", _ids(f, "src.offsets", "<i8")[::-1]), "src.offsets"),
+    "offsets-past-the-file": (lambda f: _array(f, "tgt.offsets", _ids(f, "tgt.offsets", "<i8") * 2), "tgt.offsets"),
+    "empty-document": (lambda f: _array(f, "doc.offsets", np.r_[0, _ids(f, "doc.offsets", "<i8")]), "doc.offsets"),
+    "doc-offsets-missing": (lambda f: (f / "doc.offsets").unlink(), "doc.offsets"),
+    "meta-of-format-1": (lambda f: _meta(f, format="onmt_doc mapped corpus 1"), "meta.json"),
+    "meta-nested-deep": (lambda f: _overwrite(f, "meta.json", b"[" * 100_000 + b"]" * 100_000), "meta.json"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_cache_not_as_written_is_rebuilt_naming_the_file(tmp_path, damage, warnings_of_onmt_doc):
+    """A same-size overwrite of src.ids used to be trained on as it was ("(binarized cache)"), and a
+    resume over it blamed the data files. Every file is checked against the CRC-32 meta.json
+    records (written as the bytes were), offsets against their files, ids against the vocabulary:
+    anything else is rebuilt from the text, with one line naming the file."""
+    src, tgt = synthetic(tmp_path / "c", 60)
+    codec = toy_codec()
+    first, _ = load_mapped(src, tgt, codec, True, 0, str(tmp_path / "cache"))
+    expected = [np.array(getattr(first, k)) for k in ("src", "tgt", "src_offsets", "tgt_offsets", "doc_offsets")]
+    del first
+    folder = tmp_path / "cache" / cache_key(src, tgt, codec, True)
+    how, named = DAMAGE[damage]
+    how(folder)
+    again, cached = load_mapped(src, tgt, codec, True, 0, str(tmp_path / "cache"))
+    assert not cached
+    for want, key in zip(expected, ("src", "tgt", "src_offsets", "tgt_offsets", "doc_offsets")):
+        assert np.array_equal(getattr(again, key), want), key
+    said = [r.getMessage() for r in warnings_of_onmt_doc.records]
+    assert len(said) == 1 and said[0].startswith(f"{folder / named}: binarized cache not as written ("), said
+    open_mapped(str(folder), (len(codec.src_vocab), len(codec.tgt_vocab)))  # the rebuilt folder verifies
+
+
+def test_ids_outside_the_vocabulary_name_the_range(tmp_path):
+    src, tgt = synthetic(tmp_path / "c", 20)
+    folder = tmp_path / "m"
+    binarize(src, tgt, toy_codec(), True, 0, str(folder))
+    with pytest.raises(mapped_module.DamagedCache, match=r"src\.ids: ids \d+\.\.\d+ outside the vocabulary's 0\.\.4"):
+        open_mapped(str(folder), (5, 5000))
 
 
 def test_resume_on_mapped_windows_equals_the_straight_run(toy_dir, tmp_path):

@@ -303,4 +303,5 @@ def test_a_damaged_binarized_cache_is_binarized_again(toy_dir, tmp_path, warning
     cache.write_bytes(cache.read_bytes()[:1000])
     again, _ = load_examples(cfg.data, codec, cfg.data.train.src, cfg.data.train.tgt, "sentence", cfg.log.dir)
     assert [e.src.tolist() for e in again] == expected
-    assert "incomplete binarized cache; binarizing the corpus again" in warnings_of_onmt_doc.text
+    assert f"{cache}: binarized cache not as written (" in warnings_of_onmt_doc.text
+    assert "binarizing the corpus again" in warnings_of_onmt_doc.text

@@ -105,6 +105,8 @@ def test_broken_plugins_are_one_line_errors(toy_dir, tmp_path):
     one_line_error(run_cli(*train, "-user_dir", str(tmp_path / "missing.py")), "missing.py", "not found")
     one_line_error(run_cli(*train, "-user_dir", str(tmp_path / "syntax.py")), "syntax.py", "SyntaxError")
     one_line_error(run_cli(*train, "-user_dir", str(tmp_path / "raises.py")), "raises.py", "no GPU here")
+    (tmp_path / "exits.py").write_text("import sys\nsys.exit(3)\n", encoding="utf-8")
+    one_line_error(run_cli(*train, "-user_dir", str(tmp_path / "exits.py")), "exits.py", "the plugin called exit(3)")
     one_line_error(run_cli(*train, "plugins=[" + str(tmp_path / "raises.py") + "]"), "plugins", "no GPU here")
     bad = Path(config).read_text(encoding="utf-8") + "plugins: just_a_string\n"
     Path(config).write_text(bad, encoding="utf-8")

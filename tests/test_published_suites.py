@@ -416,6 +416,12 @@ def test_bawden_anaphora_and_lexical_choice(tmp_path):
     assert first.ctx_src == ["The chairs are new ."] and first.ctx_tgt == ["Les chaises sont neuves ."]
     assert semi.categories == {"type": "m.pl", "variant": "semi-correct"} and semi.correct == "Ils sont confortables ."
     lex = write_bawden(tmp_path, "lexical-choice", LEXICAL)
+    # as docs/evaluation.md runs it, without -format: its blocks hold their sources inside "examples"
+    # (issue 42: it was read as the generic json format and refused, "missing 'source'")
+    assert detect_format(str(lex["json"])) == "bawden"
+    assert [i.correct for i in read_suite(str(lex["json"]))] == [
+        i.correct for i in read_suite(str(lex["json"]), "bawden")
+    ]
     items = list(read_suite(str(lex["json"]), "bawden"))
     assert [(i.ctx_src, i.correct, i.categories) for i in items] == [
         (["The river rose ."], "On s'est assis sur la rive .", {"type": "disambig"}),

@@ -352,7 +352,7 @@ def test_sigterm_finishes_the_request_in_progress(ckpt, api, docs, tmp_path):
 
 def test_shutdown_grace_cancels_what_is_left(ckpt, tmp_path):
     """A request still waiting when -shutdown_grace runs out is answered 503 and the server exits 0."""
-    args = ["-model", str(ckpt), "-port", "0", "-batch_wait_ms", "600000", "-shutdown_grace", "0.5"]
+    args = ["-model", str(ckpt), "-port", "0", "-batch_wait_ms", "60000", "-shutdown_grace", "0.5"]
     srv = Server(args, tmp_path / "server.log")
     thread, result = in_background(lambda: post(srv.port, {"document": ["a b c ."]}))
     wait_for(lambda: health(srv.port)["in_flight"] == 1, "the request to wait in the batcher")
@@ -419,8 +419,8 @@ def test_startup_errors_are_one_line(ckpt, tmp_path):
         one_line_error(start("-model", str(ckpt), "-port", str(port)), f"cannot listen on 127.0.0.1:{port}")
     one_line_error(start("-model", f"a={ckpt}", "-model", f"a={ckpt}", "-port", "0"), "'a' is given twice")
     one_line_error(start("-model", str(ckpt), "-beam", "0", "-port", "0"), "-beam")
-    one_line_error(start("-model", str(ckpt), "-max_request_bytes", "0"), "-max_request_bytes must be at least 1")
-    one_line_error(start("-model", str(ckpt), "-max_request_chars", "0"), "-max_request_chars must be at least 1")
+    one_line_error(start("-model", str(ckpt), "-max_request_bytes", "0"), "-max_request_bytes must be from 1 to")
+    one_line_error(start("-model", str(ckpt), "-max_request_chars", "0"), "-max_request_chars must be from 1 to")
     one_line_error(start("-model", str(ckpt), "-shutdown_grace", "nan"), "-shutdown_grace must be a number")
     for host in ("nosuch.invalid", "999.1.1.1", "a" * 70, "a\tb"):  # unresolvable, invalid, label too long
         one_line_error(start("-model", str(ckpt), "-host", host, "-port", "0"), "-host", "not an address")
@@ -431,6 +431,47 @@ def test_startup_errors_are_one_line(ckpt, tmp_path):
     proc = start("-model", str(ckpt), "-api_key", "s3cret")  # refused, and the key is not repeated back
     one_line_error(proc, "-api_key: a key on the command line is visible", "-api_key_file")
     assert "s3cret" not in proc.stderr
+
+
+def test_every_number_and_key_file_has_a_bound(ckpt, tmp_path):
+    """Issue 42: -api_key_file /dev/zero read without bound (22 GB resident in a minute); counts,
+    waits and thread counts of 10^12 were accepted; a folder was "not found"."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def start(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*SERVER, "-model", str(ckpt), "-port", "0", *args], capture_output=True, text=True,
+                              env=env, timeout=60)  # fmt: skip
+
+    one_line_error(start("-api_key_file", "/dev/zero"), "-api_key_file /dev/zero: larger than 4 KiB; not a key file")
+    one_line_error(start("-api_key_file", str(tmp_path)), "-api_key_file", "is a directory, not a file")
+    for flag, value in (
+        ("-http_threads", "100000"),
+        ("-max_request_bytes", str(10**13)),
+        ("-batch_tokens", str(10**9)),
+        ("-max_sentences", str(10**12)),
+    ):
+        one_line_error(start(flag, value), f"{flag} must be from 1 to")
+    for flag, value in (("-batch_wait_ms", "1e12"), ("-shutdown_grace", "inf"), ("-shutdown_grace", "1e9")):
+        one_line_error(start(flag, value), f"{flag} must be a number from 0 to")
+    one_line_error(start("-threads", str(10**6)), "-threads 1000000: more than 8 per CPU core")
+    folder = subprocess.run([*SERVER, "-model", str(tmp_path), "-port", "0"], capture_output=True, text=True, env=env)
+    one_line_error(folder, str(tmp_path), "is a directory, not a file")
+
+
+def test_a_checkpoint_whose_name_holds_an_equals_sign_can_be_served(ckpt, tmp_path, monkeypatch):
+    """``-model lr=0.1.pt`` read as the model "lr" of checkpoint "0.1.pt" ("not found"): a value
+    that names a file while its NAME=CKPT reading does not is the checkpoint; ``./`` or a name
+    (``m=lr=0.1.pt``) are the escapes when both exist."""
+    from onmt_doc.bin.server import model_specs
+
+    monkeypatch.chdir(tmp_path)
+    Path("lr=0.1.pt").write_bytes(b"x")
+    assert model_specs([["lr=0.1.pt"]]) == [("default", ["lr=0.1.pt"])]
+    assert model_specs([["m=lr=0.1.pt"]]) == [("m", ["lr=0.1.pt"])]
+    Path("0.1.pt").write_bytes(b"y")  # both readings name a file: NAME=CKPT wins, ./ escapes it
+    assert model_specs([["lr=0.1.pt"]]) == [("lr", ["0.1.pt"])]
+    assert model_specs([["./lr=0.1.pt"]]) == [("default", ["./lr=0.1.pt"])]
+    assert model_specs([["a=x.pt", "lr=0.1.pt"]]) == [("a", ["x.pt", "lr=0.1.pt"])]
 
 
 def test_a_host_other_than_loopback_is_a_warning(tmp_path):

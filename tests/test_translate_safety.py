@@ -6,7 +6,9 @@ bookkeeping around decoding (files, lines, documents, limits), not translation q
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -105,6 +107,51 @@ def test_output_that_is_an_input_is_refused(ckpt, tmp_path):
         one_line_error(proc, str(output), named)
     assert src.read_text() == "w1 w2\nw3\n" and ref.read_text() == "w4 w5\nw6\n"
     assert ckpt.read_bytes() == model_bytes
+
+
+# standard input and output are files too (issue 42): every spelling of "the input is the output"
+STDIO_SAME = [
+    ("src-stdin-output-file", ["-src", "-", "-output", "{src}"], "<", "-output"),
+    ("src-dev-fd-0-output-file", ["-src", "/dev/fd/0", "-output", "{src}"], "<", "standard input"),
+    ("output-stdout-appended-to-src", ["-src", "{src}"], ">>", "standard output"),
+    ("dev-stdout-appended-to-src", ["-src", "{src}", "-output", "/dev/stdout"], ">>", "standard output"),
+    ("stream-appended-to-src", ["-src", "{src}", "-stream"], ">>", "standard output"),
+    ("stream-stdin-appended-to-itself", ["-src", "-", "-stream"], "<>>", "standard input"),
+]
+
+
+@pytest.mark.parametrize("flags,redirect,named", [c[1:] for c in STDIO_SAME], ids=[c[0] for c in STDIO_SAME])
+def test_standard_input_or_output_that_is_the_input_file_is_refused(ckpt, tmp_path, flags, redirect, named):
+    """``-src - -output in.src < in.src`` replaced in.src with its own translation (exit 0), and
+    ``-stream -src in.src >> in.src`` read its own translations back for ever: the descriptors are
+    compared with the paths by device and inode, as the paths are with each other."""
+    src = tmp_path / "in.src"
+    src.write_text("w1 w2\nw3\n\nw4\n")
+    argv = [*TRANSLATE, "-model", str(ckpt), *(a.replace("{src}", str(src)) for a in flags)]
+    with open(src, "rb") as stdin, open(src, "ab") as stdout:
+        proc = subprocess.run(
+            argv,
+            stdin=stdin if "<" in redirect else subprocess.DEVNULL,
+            stdout=stdout if ">>" in redirect else subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+    one_line_error(proc, "writing it would destroy the input", named)
+    assert src.read_text() == "w1 w2\nw3\n\nw4\n"
+
+
+def test_standard_input_from_another_file_is_translated(ckpt, tmp_path):
+    """The rule compares files, not spellings: ``-src - < a -output b`` (and a terminal or pipe on
+    both sides) still works."""
+    src, out = tmp_path / "in.src", tmp_path / "out.txt"
+    src.write_text("w1 w2\nw3\n")
+    with open(src, "rb") as stdin:
+        proc = subprocess.run([*TRANSLATE, "-model", str(ckpt), "-src", "-", "-output", str(out)], stdin=stdin,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert len(out.read_text().splitlines()) == 2
 
 
 def test_failed_run_leaves_existing_output_untouched(ckpt, tmp_path):

@@ -94,3 +94,28 @@ def test_padded_kernel_equals_each_sequence_alone():
         qi, ki, vi = q[cu_q[i] : cu_q[i + 1]], k[cu_k[i] : cu_k[i + 1]], v[cu_k[i] : cu_k[i + 1]]
         want = torch.softmax(qi.transpose(0, 1) @ ki.permute(1, 2, 0) / 8**0.5, -1) @ vi.transpose(0, 1)
         assert torch.allclose(out[cu_q[i] : cu_q[i + 1]], want.transpose(0, 1), atol=1e-12)
+
+
+@pytest.mark.parametrize("path", ["fused", "packed"])
+def test_g_transformer_stepwise_equals_teacher_forced_on_each_path(path, device):
+    """The whole model on either path: the teacher-forced pass (varlen group attention on the fused
+    path) and stepwise decoding (sentence caches masked at their capacity, source blocks at the longest
+    sentence, no device read) give the same log-probabilities (1e-5), and the fused pass equals the
+    packed one."""
+    from model_helpers import random_model
+    from test_decoding import stepwise_log_probs
+    from test_g_transformer import G, doc_batch
+
+    from onmt_doc.data.vocab import PAD_ID
+    from onmt_doc.models.model import full_log_probs
+
+    model, _ = random_model(G, device=device)
+    batch = doc_batch().to(device)
+    with torch.no_grad(), devices.forced_path(path):
+        forced = full_log_probs(model, batch)
+        stepped = stepwise_log_probs(model, batch, batch.tgt_in)
+    with torch.no_grad(), devices.forced_path("packed"):
+        packed = full_log_probs(model, batch)
+    mask = batch.tgt_out.ne(PAD_ID)
+    assert torch.allclose(forced[mask], stepped[mask], atol=1e-5), (forced - stepped)[mask].abs().max()
+    assert torch.allclose(forced[mask], packed[mask], atol=1e-5)

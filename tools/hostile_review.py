@@ -14,8 +14,9 @@ may touch in its own folder (copies, never hard links, so the hard-link cases me
 ``--classes`` picks classes (comma-separated), ``--limit N`` runs at most N cases per class
 (spread over the class), ``--list`` prints the cases without running them, ``--keep`` keeps the
 folders of cases that behaved (those of the others are always kept under ``<work>/cases``).
-The full run (481 cases) took 19 minutes on a shared 2-core machine with ``--jobs 2``; ``--limit 3``
-(33 cases) about 2 minutes. The table can be pasted into docs/reliability.md as it is.
+The full run (561 cases) took 30 minutes on a shared 2-core machine with ``--jobs 1`` (481 cases
+before issue 42's classes: 19 minutes with ``--jobs 2``); ``--limit 3`` about 2 minutes. The table
+can be pasted into docs/reliability.md as it is.
 
 Results are written as they come: ``<out>/cases.jsonl`` (one JSON object per case: the command as
 run in its folder, what was expected, exit status, the stderr tail, the last line of a traceback,
@@ -95,6 +96,33 @@ The classes (the "command pattern" column of the table says the same in short):
   (``-api_key_file``, ``Authorization: Bearer``, 401, /health open; ``-api_key KEY`` refused),
   /models not revealing the absolute checkpoint path. Server cases follow docs/deploy.md; any 5xx
   but 503-on-shutdown, a reset connection or a request over 60 s is a failure.
+
+Issue 42's classes, the surfaces added since (the input that must survive is checked byte for
+byte even where it is the case's standard output):
+
+* ``stdio-files``: standard input or output that is a file of the command: ``-src -`` (and
+  ``/dev/stdin``, ``/dev/fd/0``, ``/proc/self/fd/0``) redirected from the ``-output``; ``-output -``,
+  ``/dev/stdout`` and ``-stream`` appended onto ``-src``, ``-tgt`` or the model; ``evaluate -json -``
+  appended onto its ``-hyp``; and the legal neighbours (standard input from another file, standard
+  output appended to a log).
+* ``readers-verify``: files that pass for intact: the mapped cache overwritten with the same size,
+  a flipped byte, ids outside the vocabulary or offsets out of order with their CRC-32 resealed,
+  ``meta.json`` nested deep, ``/dev/zero`` or a folder (rebuilt, saying which file); a run's
+  vocabulary or subword model changed; a PMI table's keys unsorted or out of range, negative
+  counts (valid zip CRCs); a Marian model intact, under a matching download record, flipped under
+  one, with a NaN weight, its ``pytorch_model.bin`` flipped; an OpenNMT-py checkpoint with a NaN.
+* ``bounds``: ``-threads``, ``data.workers``, ``train.threads`` of 10^6; the server's counts and
+  waits of 10^9 and more, ``-api_key_file /dev/zero``; Marian ``config.json`` values of the wrong
+  type (``"false"``, 1, 16.0, a list), ``max_position_embeddings`` 0, JSON nested 100,000 deep,
+  ``/dev/zero``; ``translate_stream`` given a str, None, a line break or a lone surrogate.
+* ``bench-out``: ``python -m benchmarks run s.yaml --out X``, X docs/, benchmarks/specs/,
+  benchmarks/results/gpu/ or the repository (the real folders, compared before and after), a
+  folder holding a user's run.json, ``.``, a file, a home-like folder, several specs into a user's
+  folder; a new and an empty folder (legal); a spec nested deep or ``/dev/zero``.
+* ``messages``: a folder where a file is expected (the server's checkpoint and key file, a Marian
+  ``config.json``, a run's vocabulary), a Marian "folder" that is a file, a checkpoint named
+  ``lr=0.1.pt`` (served), a pickle refusal (one sentence, nothing run), a plugin that calls
+  ``exit()``, Bawden et al.'s ``lexical-choice.json`` without ``-format`` (read).
 
 What it cannot do, and why:
 
@@ -213,14 +241,19 @@ def matches(rel: str, globs: Iterable[str]) -> bool:
     return False
 
 
-def compare(before: dict, after: dict, may_change: Iterable[str]) -> tuple[list[str], list[str]]:
+def compare(
+    before: dict, after: dict, may_change: Iterable[str], replaced: Iterable[str] = ()
+) -> tuple[list[str], list[str]]:
     """(damage, leftovers) between two snapshots: every entry outside ``may_change`` must be as it
     was (bytes, type, mode, link target); entries inside it may change content but a device, FIFO
-    or link must stay one. Leftovers are new temporary files (``*.tmp<pid>``)."""
+    or link must stay one; entries inside ``replaced`` (the toolkit's own files it rebuilds whole,
+    a cache) may be anything afterwards. Leftovers are new temporary files (``*.tmp<pid>``)."""
     may_change = list(may_change) + list(VOLATILE)
     damage = []
     for rel, old in sorted(before.items()):
         new = after.get(rel, {"kind": "missing"})
+        if matches(rel, replaced):
+            continue
         if old["kind"] == "dir":
             if new["kind"] != "dir":
                 damage.append(f"{rel}: the folder is now {new['kind']}")
@@ -457,6 +490,7 @@ class Case:
     note: str = ""
     fifo: Optional[str] = None  # a FIFO in the folder the harness reads while the command runs
     specials: tuple[str, ...] = ()  # absolute device paths whose type must not change
+    replaced: tuple[str, ...] = ()  # globs of the toolkit's own files it may rebuild whole on success (a cache)
     runner: str = "cmd"  # cmd | api | server
     extra: dict = field(default_factory=dict)
 
@@ -625,7 +659,7 @@ def _prep_run(cmd: list[str], cwd: Path) -> None:
 def prepare_workspace(work: Path) -> Path:
     """The files cases copy from, made once per --work: corpus, runs, checkpoints, damaged variants."""
     base = work / "base"
-    if (base / ".complete").exists():
+    if (base / ".complete").exists() and (base / ".complete").read_text() == PREP_VERSION:
         return base
     if base.exists():
         shutil.rmtree(base)
@@ -653,7 +687,8 @@ def prepare_workspace(work: Path) -> Path:
     )
     (base / "lexicon.tsv").write_text("the\tdie\ncat\tkatze\ndog\thund\n", encoding="utf-8")
     _prep_tensors(base)
-    (base / ".complete").write_text("ok\n")
+    _prep_marian(base)
+    (base / ".complete").write_text(PREP_VERSION)
     log("workspace ready")
     return base
 
@@ -673,6 +708,8 @@ optim = {{"optimizer": {{"state": {{}}, "param_groups": [{{"lr": 1.0, "params": 
 torch.save({{"model": sd, "generator": gen, "vocab": vocab, "opt": opt, "optim": optim}}, "onmt.pt")
 bad = dict(sd); key = "encoder.transformer.0.feed_forward.w_1.weight"; bad[key] = torch.zeros(7, 5)
 torch.save({{"model": bad, "generator": gen, "vocab": vocab, "opt": opt, "optim": optim}}, "onmt_shapes.pt")
+nan = dict(sd); nan[key] = sd[key].clone(); nan[key][0, 0] = math.nan
+torch.save({{"model": nan, "generator": gen, "vocab": vocab, "opt": opt, "optim": optim}}, "onmt_nan.pt")
 ck = torch.load("model.pt", weights_only=True)
 name = max((k for k, v in ck["model"].items() if v.dim() == 2), key=lambda k: ck["model"][k].numel())
 shapes = dict(ck, model=dict(ck["model"], **{{name: torch.zeros(3, 5)}}))
@@ -688,6 +725,61 @@ np.savez("evil_pmi.npz", **dict(table, **{{list(table)[0]: arr}}))
     r = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"workspace preparation (tensors) failed:\n{r.stderr[-3000:]}")
+
+
+PREP_VERSION = "2: vocab digests, a Marian folder, a NaN OpenNMT-py checkpoint\n"  # older workspaces are made again
+
+
+def _prep_marian(base: Path) -> None:
+    """A tiny random Marian model in the Hugging Face layout (``marian/``: safetensors, two
+    SentencePiece models learned on the toy corpus, vocab.json, config.json) and its older
+    ``pytorch_model.bin`` twin (``marian_bin/``), what onmt_doc_import_marian reads; skipped (the
+    cases that need it say so) without the sentencepiece and safetensors packages."""
+    code = f"""
+import io, json, os, shutil, torch, sentencepiece as spm
+from safetensors.torch import save_file
+os.chdir({str(base)!r})
+def model(path):
+    buf = io.BytesIO()
+    lines = [x for x in open(path, encoding="utf-8").read().splitlines() if x.strip()]
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=buf, vocab_size=60,
+                                   model_type="unigram", character_coverage=1.0, minloglevel=2)
+    p = spm.SentencePieceProcessor(model_proto=buf.getvalue())
+    return buf.getvalue(), [p.id_to_piece(i) for i in range(p.get_piece_size())]
+(src, sp), (tgt, tp) = model("toy/train.src"), model("toy/train.tgt")
+pieces = ["</s>", "<unk>", *sorted((set(sp) | set(tp)) - {{"<unk>", "<s>", "</s>"}}), "<pad>"]
+n, d, ff = len(pieces), 16, 32
+g = torch.Generator().manual_seed(0)
+t = {{"model.shared.weight": torch.randn(n, d, generator=g), "final_logits_bias": torch.zeros(1, n)}}
+def lin(name, o, i):
+    t[name + ".weight"], t[name + ".bias"] = torch.randn(o, i, generator=g) * 0.3, torch.zeros(o)
+def norm(name):
+    t[name + ".weight"], t[name + ".bias"] = torch.ones(d), torch.zeros(d)
+for side in ("encoder", "decoder"):
+    p = f"model.{{side}}.layers.0."
+    for attn in ("self_attn",) + (("encoder_attn",) if side == "decoder" else ()):
+        for x in "qkv":
+            lin(p + attn + "." + x + "_proj", d, d)
+        lin(p + attn + ".out_proj", d, d)
+        norm(p + attn + "_layer_norm")
+    lin(p + "fc1", ff, d); lin(p + "fc2", d, ff); norm(p + "final_layer_norm")
+config = dict(model_type="marian", vocab_size=n, d_model=d, encoder_layers=1, decoder_layers=1,
+              encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=ff, decoder_ffn_dim=ff,
+              max_position_embeddings=64, activation_function="swish", scale_embedding=True,
+              pad_token_id=n - 1, eos_token_id=0, decoder_start_token_id=n - 1, dropout=0.1, attention_dropout=0.0)
+os.makedirs("marian")
+save_file(t, "marian/model.safetensors", metadata={{"format": "pt"}})
+for name, data in (("source.spm", src), ("target.spm", tgt)):
+    open("marian/" + name, "wb").write(data)
+json.dump(config, open("marian/config.json", "w"))
+json.dump({{p: i for i, p in enumerate(pieces)}}, open("marian/vocab.json", "w"))
+shutil.copytree("marian", "marian_bin")
+os.remove("marian_bin/model.safetensors")
+torch.save(t, "marian_bin/pytorch_model.bin")
+"""
+    r = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True)
+    if r.returncode != 0:
+        log(f"no Marian folder for the import cases (needs sentencepiece and safetensors): {r.stderr[-300:]}")
 
 
 def onmt_state() -> tuple:
@@ -2051,7 +2143,7 @@ def cases_run_folder() -> list[Case]:
             sh("onmt_doc_build_vocab -config tiny.yaml vocab.size=200 -force"),
             SUCCEED,
             needs,
-            ("run/vocab.txt", "run/subword.model"),
+            ("run/vocab.txt", "run/subword.model", "run/vocab.sha256"),
             checks=(exists("run/vocab.txt.backup-*", "no backup of the old vocabulary"),),
         ),
         Case(
@@ -2767,6 +2859,365 @@ def _free_port(ctx: Ctx) -> None:
         s.close()
 
 
+# ----------------------------------------------------------------------------- issue 42's classes
+
+
+def unchanged(rel: str) -> Check:
+    """``rel`` holds the workspace's bytes, even as the case's standard output (which the harness
+    otherwise lets change): an input must survive being named as the output."""
+
+    def fn(ctx: Ctx) -> Optional[str]:
+        same = _read(ctx, rel) == (ctx.work / "base" / rel).read_bytes()
+        return None if same else f"{rel}: the input changed (it was also the output)"
+
+    return Check("damaged", fn)
+
+
+def stderr_has(pattern: str, why: str) -> Check:
+    """On success stderr says ``pattern`` (a warning that a damaged file was rebuilt, naming it)."""
+
+    def fn(ctx: Ctx) -> Optional[str]:
+        return None if ctx.rc != 0 or re.search(pattern, ctx.stderr) else why
+
+    return Check("other", fn)
+
+
+def repo_unchanged(rel: str) -> tuple[Setup, Check]:
+    """(setup, check) that the repository's own ``rel`` (a folder) is as it was: the benchmark
+    runner's cases name real folders of the repository, which the case folder's snapshot misses."""
+
+    def tree() -> dict:  # the folder's own entries: where a run folder's run.json, results.jsonl and stages go
+        folder = REPO / rel
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "" for p in folder.iterdir()}
+
+    def setup(ctx: Ctx) -> None:
+        ctx.state[rel] = tree()
+
+    def fn(ctx: Ctx) -> Optional[str]:
+        return None if tree() == ctx.state[rel] else f"the repository's {rel or '.'} changed"
+
+    return setup, Check("damaged", fn)
+
+
+def _cache_damage(how: Callable[[Path], None]) -> Setup:
+    """Damage the run's mapped cache of the training corpus (the folder with the larger ids)."""
+
+    def fn(ctx: Ctx) -> None:
+        folders = sorted((ctx.dir / "run" / "cache").glob("*/src.ids"), key=lambda p: p.stat().st_size)
+        how(folders[-1].parent)
+
+    return fn
+
+
+def _reseal(folder: Path, name: str, array: Any) -> None:
+    """Replace a cache file by ``array`` with meta.json's CRC-32 to match: what only the bounds catch."""
+    import zlib
+
+    array.tofile(folder / name)
+    meta = json.loads((folder / "meta.json").read_text())
+    key = {"src.ids": "src", "tgt.ids": "tgt", "src.offsets": "src_offsets", "tgt.offsets": "tgt_offsets"}[name]
+    meta["crc32"][key] = zlib.crc32((folder / name).read_bytes())
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+
+def _npz(how: Callable[[dict], dict]) -> Callable[[bytes], bytes]:
+    """A PMI table's arrays changed by ``how``, saved again (its CRC-32s valid)."""
+
+    def fn(data: bytes) -> bytes:
+        import io
+
+        import numpy as np
+
+        arrays = dict(np.load(io.BytesIO(data)))
+        out = io.BytesIO()
+        np.savez(out, **how(arrays))
+        return out.getvalue()
+
+    return fn
+
+
+def _marian(name: str, how: Callable[[Path], None]) -> Setup:
+    """Change the case's copy of a Marian folder; no folder (no sentencepiece/safetensors): skipped."""
+
+    def fn(ctx: Ctx) -> None:
+        if not (ctx.dir / name).is_dir():
+            raise Unsupported("no Marian folder in the workspace (needs sentencepiece and safetensors)")
+        how(ctx.dir / name)
+
+    return fn
+
+
+def _config(**changes: Any) -> Callable[[Path], None]:
+    def fn(folder: Path) -> None:
+        (folder / "config.json").write_text(json.dumps({**json.loads((folder / "config.json").read_text()), **changes}))
+
+    return fn
+
+
+def _record(name: str, flip: bool = False) -> Callable[[Path], None]:
+    """The download record huggingface-cli leaves for ``name`` (its sha256), the file then flipped."""
+
+    def fn(folder: Path) -> None:
+        digest = hashlib.sha256((folder / name).read_bytes()).hexdigest()
+        put_in = folder / ".cache" / "huggingface" / "download"
+        put_in.mkdir(parents=True)
+        (put_in / f"{name}.metadata").write_text(f"{'0' * 40}\n{digest}\n1700000000.0\n")
+        if flip:
+            data = bytearray((folder / name).read_bytes())
+            data[-9] ^= 0x20
+            (folder / name).write_bytes(bytes(data))
+
+    return fn
+
+
+def _nan_weight(folder: Path) -> None:
+    code = (
+        "from safetensors.torch import load_file, save_file; t = load_file('model.safetensors'); "
+        "k = sorted(t)[3]; t[k].view(-1)[0] = float('nan'); save_file(t, 'model.safetensors')"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=folder, check=True, env=_env())
+
+
+def remove(rel: str) -> Setup:
+    """Remove a copied file (to put something else in its place)."""
+    return lambda ctx: os.remove(ctx.dir / rel)
+
+
+def _cases(cls: str, rows: list[tuple], **common: Any) -> list[Case]:
+    """Cases of ``cls`` from (name, argv, expectation, needs, keywords) rows sharing ``common`` keywords."""
+    return [Case(cls, name, argv, expect, needs, **{**common, **kw}) for name, argv, expect, needs, kw in rows]
+
+
+def cases_stdio_files() -> list[Case]:
+    """Class stdio-files: standard input or output that is one of the command's files."""
+    src, tgt, tr, needs = (
+        "toy/test.src",
+        "toy/test.tgt",
+        sh("onmt_doc_translate -model model.pt -beam 1"),
+        ("toy", "model.pt"),
+    )
+    same = [  # name, arguments, stdin, stdout, the input that must survive
+        ("stdin-is-the-output", ["-src", "-", "-output", src], f"file:{src}", "file", src),
+        ("dev-stdin-is-the-output", ["-src", "/dev/stdin", "-output", src], f"file:{src}", "file", src),
+        ("dev-fd-0-is-the-output", ["-src", "/dev/fd/0", "-output", src], f"file:{src}", "file", src),
+        ("proc-self-fd-0-is-the-output", ["-src", "/proc/self/fd/0", "-output", src], f"file:{src}", "file", src),
+        ("stdout-appended-to-src", ["-src", src], "devnull", f"append:{src}", src),
+        ("dev-stdout-appended-to-src", ["-src", src, "-output", "/dev/stdout"], "devnull", f"append:{src}", src),
+        ("stream-appended-to-src", ["-src", src, "-stream"], "devnull", f"append:{src}", src),
+        ("stream-stdin-appended-to-itself", ["-src", "-", "-stream"], f"file:{src}", f"append:{src}", src),
+        ("stdout-appended-to-tgt", ["-src", src, "-tgt", tgt], "devnull", f"append:{tgt}", tgt),
+        ("stdout-appended-to-model", ["-src", src], "devnull", "append:model.pt", "model.pt"),
+    ]
+    rows = [
+        (f"translate/{n}", tr + a, REFUSE, needs, dict(stdin=i, stdout=o, checks=(unchanged(k),)))
+        for n, a, i, o, k in same
+    ]
+    rows += [
+        ("evaluate/json-stdout-appended-to-hyp", sh("onmt_doc_evaluate -hyp hyp.txt -ref toy/test.tgt -json -"), REFUSE,
+         ("toy", "hyp.txt"), dict(stdout="append:hyp.txt", checks=(unchanged("hyp.txt"),))),
+        ("translate/stdin-from-another-file", tr + ["-src", "-", "-output", "out.txt"], SUCCEED, needs,
+         dict(outputs=("out.txt",), stdin=f"file:{src}", checks=(same_lines(src, "out.txt"),))),
+        ("translate/stdout-appended-to-a-log", tr + ["-src", src], SUCCEED, needs,
+         dict(setup=put("log.txt", PRECIOUS), stdout="append:log.txt", checks=(starts_with("log.txt", PRECIOUS),))),
+    ]  # fmt: skip
+    return _cases("stdio-files", rows, timeout=60)
+
+
+def _swap_lines(data: bytes, a: int = 10) -> bytes:
+    """Lines ``a`` and ``a + 1`` swapped: same size, other ids for two tokens."""
+    lines = data.split(b"\n")
+    lines[a], lines[a + 1] = lines[a + 1], lines[a]
+    return b"\n".join(lines)
+
+
+def _pmi_damage(how: Callable[[dict], dict]) -> dict:
+    return dict(setup=derive("bad.npz", "pmi.npz", _npz(how)))
+
+
+def _flip_bin(folder: Path) -> None:
+    (folder / "pytorch_model.bin").write_bytes(flip_middle((folder / "pytorch_model.bin").read_bytes()))
+
+
+def _evil_bin(folder: Path) -> None:
+    (folder / "pytorch_model.bin").write_bytes(evil_zip((folder / "pytorch_model.bin").read_bytes()))
+
+
+def cases_readers_verify() -> list[Case]:
+    """Class readers-verify: damaged files that pass for intact (a same-size overwrite, a flipped
+    byte, values outside the file's bounds with valid checksums): rebuilt or refused, never used."""
+    import numpy as np
+
+    train, run = sh("onmt_doc_train -config tiny.yaml train.max_steps=12"), ("toy", "tiny.yaml", "run")
+    rebuilt = stderr_has(
+        r"(ids|offsets|meta\.json): binarized cache not as written", "the rebuild not said, no file named"
+    )
+    caches = {
+        "ids-overwritten-same-size": lambda f: (f / "src.ids").write_bytes(bytes((f / "src.ids").stat().st_size)),
+        "ids-one-byte-flipped": lambda f: (f / "tgt.ids").write_bytes(b"\x05" + (f / "tgt.ids").read_bytes()[1:]),
+        "ids-outside-vocab-resealed": lambda f: _reseal(f, "src.ids", np.fromfile(f / "src.ids", "<i4") + 10**6),
+        "offsets-reversed-resealed": lambda f: _reseal(f, "tgt.offsets", np.fromfile(f / "tgt.offsets", "<i8")[::-1]),
+        "meta-nested-deep": lambda f: (f / "meta.json").write_text("[" * 100_000),
+        "meta-is-dev-zero": lambda f: ((f / "meta.json").unlink(), (f / "meta.json").symlink_to("/dev/zero")),
+        "doc-offsets-a-folder": lambda f: ((f / "doc.offsets").unlink(), (f / "doc.offsets").mkdir()),
+    }
+    resumed = dict(outputs=("run/checkpoints/**", "run/config.yaml"), replaced=("run/cache/**",), checks=(rebuilt,))
+    rows = [(f"cache/{n}", train, SUCCEED, run, dict(setup=_cache_damage(how), **resumed)) for n, how in caches.items()]
+    gate, pmi = (
+        sh("onmt_doc_gate_analysis -model gates.pt -src toy/test.src -tgt toy/test.tgt -table bad.npz"),
+        ("toy", "gates.pt", "pmi.npz"),
+    )
+    imp, bin_imp = (
+        sh("onmt_doc_import_marian -model marian -output m.pt"),
+        sh("onmt_doc_import_marian -model marian_bin"),
+    )
+    bin_imp += ["-output", "m.pt"]
+    vocab, sw = "run/vocab.txt", "run/subword.model"
+    rec, rec_flipped = _record("model.safetensors"), _record("model.safetensors", flip=True)
+    m_pt = ("m.pt",)
+    rows += [
+        ("vocab/two-tokens-swapped", train, REFUSE, run, dict(setup=derive(vocab, vocab, _swap_lines),
+         checks=(message_has("changed since it was written", "a changed vocabulary not named"),))),
+        ("vocab/subword-model-appended", train, REFUSE, run, dict(setup=derive(sw, sw, lambda d: d + b"x\n"))),
+        ("pmi/keys-unsorted", gate, REFUSE, pmi, _pmi_damage(lambda a: {**a, "bi_keys": a["bi_keys"][::-1].copy()})),
+        ("pmi/keys-outside", gate, REFUSE, pmi, _pmi_damage(lambda a: {**a, "mono_keys": a["mono_keys"] + 10**9})),
+        ("pmi/negative-counts", gate, REFUSE, pmi, _pmi_damage(lambda a: {**a, "src_counts": -a["src_counts"]})),
+        ("marian/intact", imp, SUCCEED, ("marian",), dict(outputs=("m.pt",), setup=_marian("marian", lambda f: None))),
+        ("marian/download-record-matches", imp, SUCCEED, ("marian",), dict(outputs=m_pt, setup=_marian("marian", rec),
+         checks=(stderr_has("matching their download's sha256", "a checked download not said"),))),
+        ("marian/byte-flipped-under-a-record", imp, REFUSE, ("marian",), dict(setup=_marian("marian", rec_flipped),
+         checks=(message_has("sha256 differs", "the damaged weights not named"),))),
+        ("marian/nan-weight", imp, REFUSE, ("marian",), dict(setup=_marian("marian", _nan_weight))),
+        ("marian/pytorch-model-bin-flipped", bin_imp, REFUSE, ("marian_bin",),
+         dict(setup=_marian("marian_bin", _flip_bin),
+         checks=(message_has("CRC", "no CRC named"),))),
+        ("opennmt/nan-weight", sh("onmt_doc_import_opennmt -subword_type none -output m.pt -model onmt_nan.pt"), REFUSE,
+         ("onmt_nan.pt",), dict(checks=(message_has("NaN", "NaN weights not named"),))),
+    ]  # fmt: skip
+    return _cases("readers-verify", rows, timeout=150)
+
+
+SPEC = (
+    b"title: t\nsection: Hostile\ndevice: cpu\nbudget_seconds: 120\nstages:\n  - name: env\n    type: environment\n"
+    b"    budget_seconds: 60\n    params: {packages: [json], matmul_size: 16, matmul_dtypes: [float32], repeats: 1}\n"
+)
+
+
+def cases_bench_out() -> list[Case]:
+    """Class bench-out: where ``python -m benchmarks run`` may write (benchmarks/README.md); the
+    repository's own folders are the real ones, checked before and after."""
+    run = ["python", "-m", "benchmarks", "run", "s.yaml", "--out"]
+    rows = []
+    for rel in ("docs", "benchmarks/specs", "benchmarks/results/gpu", ""):
+        setup, check = repo_unchanged(rel)
+        kw = dict(setup=steps(put("s.yaml", SPEC), setup), checks=(check,))
+        rows.append((f"repository-{rel.replace('/', '-') or 'root'}", run + [str(REPO / rel)], REFUSE, (), kw))
+    spec, memory, new = put("s.yaml", SPEC), (rss_below(),), ("new/**", "empty/**")
+    rows += [
+        ("users-run-json", run + ["mine"], REFUSE, (), dict(setup=steps(spec, put("mine/run.json", PRECIOUS)))),
+        ("the-case-folder", run + ["."], REFUSE, (), dict(setup=spec)),
+        ("a-file", run + ["s.yaml"], REFUSE, (), dict(setup=spec)),
+        ("a-home-like-folder", run + ["home"], REFUSE, (), dict(setup=steps(spec, mkdir("home", files=("cv.tex",))))),
+        ("several-specs-into-a-users-folder", run[:5] + ["s.yaml", "--out", "mine"], REFUSE, (),
+         dict(setup=steps(spec, put("mine/notes.txt", PRECIOUS)))),
+        ("a-new-folder", run + ["new"], SUCCEED, (), dict(setup=spec, outputs=new)),
+        ("an-empty-folder", run + ["empty"], SUCCEED, (), dict(setup=steps(spec, mkdir("empty")), outputs=new)),
+        ("spec-nested-deep", run + ["new"], REFUSE, (), dict(setup=put("s.yaml", b"[" * 100_000))),
+        ("spec-is-dev-zero", run + ["new"], REFUSE, (), dict(setup=symlink("s.yaml", "/dev/zero"), checks=memory)),
+    ]  # fmt: skip
+    return _cases("bench-out", rows, extra={"env": {"PYTHONPATH": str(REPO)}}, timeout=90)
+
+
+def cases_bounds() -> list[Case]:
+    """Class bounds: numbers without a bound, files read without one, values of the wrong type."""
+    big, needs, tiny = str(10**6), ("toy", "model.pt"), ("toy", "tiny.yaml")
+    rows = [
+        ("translate/threads", sh("onmt_doc_translate -model model.pt -src toy/test.src -threads") + [big], REFUSE,
+         needs, {}),
+        ("evaluate/threads", sh("onmt_doc_evaluate -model model.pt -suite toy/test.contrastive.json -threads") + [big],
+         REFUSE, needs, {}),
+        ("train/data.workers", sh(f"onmt_doc_train -config tiny.yaml log.dir=run2 data.workers={big}"), REFUSE, tiny,
+         dict(checks=(message_has("data.workers", "not named"),))),
+        ("build_vocab/data.workers", sh(f"onmt_doc_build_vocab -config tiny.yaml log.dir=run2 data.workers={big}"),
+         REFUSE, tiny, {}),
+        ("train/train.threads", sh(f"onmt_doc_train -config tiny.yaml train.threads={big} train.max_steps=12"),
+         REFUSE, (*tiny, "run"), {}),
+    ]  # fmt: skip
+    srv, start = (
+        sh("onmt_doc_server -port 0 -model model.pt"),
+        dict(extra={"server_start": True}, checks=(rss_below(),)),
+    )
+    for flag, value in (("-threads", big), ("-http_threads", big), ("-batch_wait_ms", "1e12"),
+                        ("-shutdown_grace", "1e12"), ("-max_request_bytes", str(10**13)), ("-batch_tokens", str(10**9)),
+                        ("-max_sentences", str(10**15)), ("-api_key_file", "/dev/zero")):  # fmt: skip
+        rows.append((f"server/{flag[1:]}-{value[:8]}", srv + [flag, value], REFUSE, ("model.pt",), start))
+    imp = sh("onmt_doc_import_marian -model marian -output m.pt")
+    for name, how in (
+        ("scale_embedding-string", _config(scale_embedding="false")),
+        ("tie_word_embeddings-number", _config(tie_word_embeddings=1)),
+        ("max_position_embeddings-0", _config(max_position_embeddings=0)),
+        ("activation_function-list", _config(activation_function=["swish"])),
+        ("d_model-float", _config(d_model=16.0)),
+        ("config-nested-deep", lambda f: (f / "config.json").write_text("[" * 100_000 + "]" * 100_000)),
+        ("vocab-nested-deep", lambda f: (f / "vocab.json").write_text('{"a": ' + "[" * 5000 + "]" * 5000 + "}")),
+        ("config-is-dev-zero", lambda f: ((f / "config.json").unlink(), (f / "config.json").symlink_to("/dev/zero"))),
+    ):
+        rows.append(
+            (f"marian/{name}", imp, REFUSE, ("marian",), dict(setup=_marian("marian", how), checks=(rss_below(),)))
+        )
+    for name, expect, code in (
+        ("stream-a-str", REFUSE, "list(t().translate_stream('the cat sees the dog .'))"),
+        ("stream-none-line", REFUSE, "list(t().translate_stream(['the cat .', None]))"),
+        ("stream-line-break", REFUSE, "list(t().translate_stream(['the cat\\nsees the dog .']))"),
+        ("stream-surrogate", REFUSE, "list(t().translate_stream(['the cat \\ud800 .']))"),
+        ("stream-lines", SUCCEED, "assert len(list(t().translate_stream(['the cat .', '', 'a dog .']))) == 3"),
+    ):
+        rows.append(
+            (f"api/{name}", [], expect, (), dict(runner="api", extra={"code": code, "message": None}, note=code))
+        )
+    return _cases("bounds", rows, timeout=120)
+
+
+LEXICAL_CHOICE = json.dumps({"1": {"inspired by": ["a .", "b ."], "type": "repet", "examples": [  # Bawden et al.'s
+    {"src": ["the cat sees the dog .", "it sees the bird ."], "trg": {
+        "correct": ["die katze sieht den hund .", "sie sieht den vogel ."],
+        "incorrect": ["die katze sieht den hund .", "er sieht den vogel ."]}}]}}).encode()  # fmt: skip
+
+
+def cases_messages() -> list[Case]:
+    """Class messages: refusals that name the real cause, and inputs that only looked like mistakes."""
+    srv, start = sh("onmt_doc_server -port 0 -model"), {"extra": {"server_start": True}, "timeout": 60}
+    folder = (message_has("director", "a folder reported as something else"),)
+    no_code = (
+        message_has("runs no code", "not said that nothing ran"),
+        message_lacks("weights_only", "torch's advice"),
+        no_marker(),
+    )
+    imp = sh("onmt_doc_import_marian -model marian -output m.pt")
+    tr, vocab, why = sh("onmt_doc_translate -src toy/test.src -model"), "run/vocab.txt", "not the plugin's doing"
+    rows = [
+        ("server/model-is-a-folder", srv + ["adir"], REFUSE, (), dict(setup=mkdir("adir"), checks=folder, **start)),
+        ("server/api-key-file-is-a-folder", srv + ["model.pt", "-api_key_file", "adir"], REFUSE, ("model.pt",),
+         dict(setup=mkdir("adir"), checks=folder, **start)),
+        ("server/checkpoint-named-with-equals", srv + ["lr=0.1.pt"], SUCCEED, (),
+         dict(setup=copy("lr=0.1.pt", "model.pt"), **start)),
+        ("marian/config-is-a-folder", imp, REFUSE, ("marian",), dict(checks=folder,
+         setup=_marian("marian", lambda f: ((f / "config.json").unlink(), (f / "config.json").mkdir())))),
+        ("marian/folder-is-a-file", sh("onmt_doc_import_marian -model model.pt -output m.pt"), REFUSE, ("model.pt",),
+         dict(checks=(message_has("is a file, not a folder", "a file reported as something else"),))),
+        ("train/vocab-is-a-folder", sh("onmt_doc_train -config tiny.yaml train.max_steps=12"), REFUSE,
+         ("toy", "tiny.yaml", "run"), dict(setup=steps(remove(vocab), mkdir(vocab)), checks=folder)),
+        ("translate/pickle-refusal", tr + ["evil.pt"], REFUSE, ("toy",),
+         dict(setup=derive("evil.pt", "model.pt", evil_zip), checks=no_code)),
+        ("marian/pickle-refusal", sh("onmt_doc_import_marian -model marian_bin -output m.pt"), REFUSE, ("marian_bin",),
+         dict(setup=_marian("marian_bin", _evil_bin), checks=no_code)),
+        ("translate/plugin-exits", tr + ["model.pt", "-user_dir", "exits.py"], REFUSE, ("toy", "model.pt"),
+         dict(setup=put("exits.py", b"import sys\nsys.exit(3)\n"), checks=(message_has("plugin called exit", why),))),
+        ("evaluate/bawden-lexical-choice-detected", sh("onmt_doc_evaluate -model model.pt -suite lexical-choice.json"),
+         SUCCEED, ("model.pt",), dict(setup=put("lexical-choice.json", LEXICAL_CHOICE))),
+    ]  # fmt: skip
+    return _cases("messages", rows, timeout=120)
+
+
 # ----------------------------------------------------------------------------- running a command case
 
 
@@ -2988,7 +3439,13 @@ def run_command_case(case: Case, work: Path, base: Path, case_dir: Path) -> dict
         start = time.monotonic()
         with open(err_path, "wb") as err:
             proc = subprocess.Popen(
-                cmd, cwd=case_dir, stdin=io.stdin, stdout=io.stdout, stderr=err, env=_env(), start_new_session=True
+                cmd,
+                cwd=case_dir,
+                stdin=io.stdin,
+                stdout=io.stdout,
+                stderr=err,
+                env={**_env(), **case.extra.get("env", {})},
+                start_new_session=True,
             )
             io.started()
             rc, rss, timed_out, serving = _wait(proc, case.timeout, err_path, case.extra.get("server_start", False))
@@ -2999,7 +3456,10 @@ def run_command_case(case: Case, work: Path, base: Path, case_dir: Path) -> dict
         ctx.stderr = err_path.read_text(encoding="utf-8", errors="replace")
         after = snapshot(case_dir, case.specials)
         restore_devices(before, after, case.specials)
-        damage, leftovers = compare(before, after, list(case.outputs if ctx.rc == 0 else ()) + volatile)
+        done = ctx.rc == 0
+        damage, leftovers = compare(
+            before, after, list(case.outputs if done else ()) + volatile, case.replaced if done else ()
+        )
         flags, problems = judge(case.expect, ctx.rc, ctx.stderr, timed_out)
         record = _finish(case, ctx, flags, problems, damage, leftovers)
         record.update(command=display_command(case, io), rc=rc, seconds=round(seconds, 1), maxrss_mb=round(rss))
@@ -3550,6 +4010,29 @@ CLASSES: dict[str, tuple[Callable[[], list[Case]], str]] = {
     "disk-full": (cases_disk_full, "`<writer> -output full/X` on a nearly full tmpfs, over an existing output"),
     "api": (cases_api, "`Translator.load(…)`, `.translate/.nbest/.score(…)`"),
     "server": (cases_server, "`onmt_doc_server …` start-ups; `curl localhost:PORT/translate -d …`"),
+    "stdio-files": (
+        cases_stdio_files,
+        "`onmt_doc_translate -src - -output x < x`, `-src x >> x`, `-stream`, `/dev/fd/0`; `evaluate -json - >> hyp`",
+    ),
+    "readers-verify": (
+        cases_readers_verify,
+        "`onmt_doc_train` over a damaged mapped cache or vocabulary; a PMI table out of bounds; `import_marian`/"
+        "`import_opennmt` of flipped, NaN or recorded weights",
+    ),
+    "bounds": (
+        cases_bounds,
+        "`-threads`/`data.workers`/`train.threads` 10^6, server counts and waits, `-api_key_file /dev/zero`, "
+        "Marian config.json types and depth, `translate_stream(…)`",
+    ),
+    "bench-out": (
+        cases_bench_out,
+        "`python -m benchmarks run s.yaml --out X`, X a folder of the repository, a user's …",
+    ),
+    "messages": (
+        cases_messages,
+        "a folder where a file is expected, `-model lr=0.1.pt`, a pickle refusal, a plugin's `exit()`, "
+        "`-suite lexical-choice.json`",
+    ),
 }
 
 

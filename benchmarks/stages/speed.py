@@ -459,7 +459,7 @@ def profile_parts(run: Run, built: tuple, p: ModelSpeedParams, ctx: StageContext
         return inner
 
     model, cfg, batches, _ = built
-    targets = [(m, fn, "plan building") for m in (genc, gdec) for fn in ("plan_self", "plan_cross") if hasattr(m, fn)]
+    targets = [(m, fn, "plan building") for m in (genc, gdec) for fn in ("self_plan", "cross_plan") if hasattr(m, fn)]
     targets += [(m, "group_attend", "group attention: gathers/scatter") for m in (genc, gdec)]
     targets += [(group_attention, "_attend", "group attention: kernel")]
     for layer in list(model.encoder.layers) + list(model.decoder.layers):
@@ -709,7 +709,10 @@ def time_model(variant: str, p: GroupAttentionParams, length: int, device: str, 
             hidden = model.decoder(b.tgt_in, model.encoder(b), b).hidden
         (hidden.float() * weight).sum().backward()
 
-    dense = {"plan_self": dense_plan, "plan_cross": lambda qt, qk, kt, kk: dense_plan(qt, qk, False, kt, kk)}
+    dense = {  # the names the G-Transformer modules import (group_attention.self_plan / cross_plan)
+        "self_plan": lambda tags, keep, causal, host=None: dense_plan(tags, keep, causal),
+        "cross_plan": lambda qt, qk, kt, kk, q_host=None, k_host=None: dense_plan(qt, qk, False, kt, kk),
+    }
     dense["group_attend"] = dense_attend
     with contextlib.ExitStack() as stack:
         for mod in (enc, dec) if variant == "dense" else ():

@@ -3,7 +3,9 @@ budget and the next one runs), in order, every measurement written as it is take
 
 ``OUT/run.json`` says what ran where (command, machine, GPU, torch, date); ``OUT/results.jsonl``
 holds one JSON line per measurement (``ctx.record``) and one status line per stage
-(``{"stage": ..., "status": ok|failed|timeout|skipped, "seconds": ...}``)."""
+(``{"stage": ..., "status": ok|failed|timeout|skipped, "seconds": ...}``). ``OUT`` is a folder the
+suite made (``.benchmark-run``) or a new or empty one, never one of the repository's own
+(:func:`claim_run_folder`)."""
 
 from __future__ import annotations
 
@@ -23,8 +25,40 @@ from benchmarks.suite.spec import Spec, StageSpec, stage_params
 from benchmarks.suite.stage import STAGE_MARK, StageContext
 from benchmarks.suite.system import REPO
 from onmt_doc.errors import UserError
+from onmt_doc.outputs import write_text
 
 GRACE_SECONDS = 20.0  # past its budget a stage is stopped; it should watch ctx.seconds_left() itself
+RUN_MARK = ".benchmark-run"  # in every run folder the suite made: the only non-empty folders it writes into
+RUNS = os.path.join(REPO, "runs")  # the one place inside the repository where run folders go (git-ignored)
+
+
+def claim_run_folder(out: str) -> None:
+    """Make ``out`` a run folder of the suite, or refuse it (one line) before anything is written:
+    it must be new, empty or marked as one the suite made (:data:`RUN_MARK`), so a user's folder
+    (``--out .``, ``--out ~``, a folder holding their own run.json) is never written into; and,
+    inside the repository, under ``runs/``: docs/, benchmarks/specs/ and the committed records of
+    benchmarks/results/ change only through ``report`` (README: copy run.json and results.jsonl)."""
+    real, repo = os.path.realpath(out), os.path.realpath(REPO)
+    inside = real == repo or real.startswith(repo + os.sep)
+    if inside and not real.startswith(os.path.realpath(RUNS) + os.sep):
+        raise UserError(
+            f"--out {out}: a folder of the repository ({os.path.relpath(real, repo)}); run folders go under runs/ "
+            f"(the default runs/bench/<spec>) or outside the repository; results are committed by copying run.json "
+            f"and results.jsonl into benchmarks/results/<spec>/ and running report"
+        )
+    if os.path.lexists(out) and not os.path.isdir(out):
+        raise UserError(f"--out {out} exists and is not a folder: choose another --out")
+    if os.path.isdir(out) and os.listdir(out) and not os.path.exists(os.path.join(out, RUN_MARK)):
+        held = ", ".join(sorted(os.listdir(out))[:3])
+        raise UserError(
+            f"--out {out} holds files ({held}…) and was not made by the benchmark suite: choose a new or empty "
+            f"folder (the suite writes only into folders it made)"
+        )
+    try:
+        os.makedirs(out, exist_ok=True)
+        open(os.path.join(out, RUN_MARK), "a").close()
+    except OSError as e:
+        raise UserError(f"--out {out}: cannot create the run folder ({e.strerror or e})") from None
 
 
 def resolve_device(device: str) -> str:
@@ -75,7 +109,7 @@ def run_spec(
         folder = os.path.join(out, st.name)
         if os.path.exists(folder) and not os.path.exists(os.path.join(folder, STAGE_MARK)):
             raise UserError(f"{folder} exists and was not made by the benchmark suite: choose another --out")
-    os.makedirs(out, exist_ok=True)
+    claim_run_folder(out)
     device = resolve_device(device if device != "spec" else spec.device)
     run = {
         "spec": os.path.relpath(spec.path, REPO),
@@ -86,8 +120,7 @@ def run_spec(
         "smoke": smoke,
         "machine": describe_machine(device),
     }
-    with open(os.path.join(out, "run.json"), "w", encoding="utf-8") as f:
-        json.dump(run, f, indent=1)
+    write_text(os.path.join(out, "run.json"), json.dumps(run, indent=1), flag="--out")
     results = os.path.join(out, "results.jsonl")
     _forget(results, {st.name for st in spec.stages})
     print(f"[suite] {spec.name}: {len(spec.stages)} stages on {device} -> {results}", file=sys.stderr, flush=True)
@@ -156,7 +189,7 @@ def select_stages(spec: Spec, names: list[str]) -> list[StageSpec]:
 def _run_child(spec: Spec, st: StageSpec, out: str, smoke: bool, data: str, device: str, budget: float):
     """One stage in a child process, stopped (its whole process group) past budget + grace."""
     deadline = time.time() + budget
-    cmd = [sys.executable, "-m", "benchmarks", "run", spec.path, "--only", st.name, "--out", out]
+    cmd = [sys.executable, "-m", "benchmarks", "run", os.path.abspath(spec.path), "--only", st.name, "--out", out]
     cmd += ["--data", data, "--device", device, "--deadline", f"{deadline:.1f}"] + (["--smoke"] if smoke else [])
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -191,7 +224,7 @@ def run_stage(spec: Spec, name: str, out: str, smoke: bool, data: str, device: s
     if st is None:
         raise SystemExit(f"error: {spec.path} has no stage '{name}'; it has {[s.name for s in spec.stages]}")
     device = resolve_device(device if device != "spec" else spec.device)
-    os.makedirs(out, exist_ok=True)
+    claim_run_folder(out)
     clear_stage_folder(os.path.join(out, st.name))
     ctx = StageContext(
         name=st.name,

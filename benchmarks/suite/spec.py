@@ -11,10 +11,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-import yaml
-
 from benchmarks.suite.system import REPO, System
-from onmt_doc.config.loading import StrictYAMLLoader
+from onmt_doc.config.loading import read_yaml
 from onmt_doc.errors import ConfigError
 
 SPECS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "specs")
@@ -105,13 +103,9 @@ def load_spec(path: str) -> Spec:
     """Read and check a spec file (a bare name is looked up in benchmarks/specs/)."""
     if not os.path.exists(path) and os.path.exists(os.path.join(SPECS_DIR, path)):
         path = os.path.join(SPECS_DIR, path)
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         raise ConfigError(f"{path}: no such spec (python -m benchmarks list shows them)")
-    try:
-        with open(path, encoding="utf-8") as f:
-            raw = yaml.load(f, Loader=StrictYAMLLoader)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    raw = read_yaml(path, "spec")
     spec = fill(Spec, raw, path)
     spec.path, spec.name = path, os.path.splitext(os.path.basename(path))[0]
     if spec.device not in ("auto", "cuda", "cpu"):

@@ -9,6 +9,7 @@ import os
 import sys
 from typing import Callable, Iterator, Optional, Sequence
 
+from onmt_doc.devices import check_count
 from onmt_doc.errors import UserError
 
 # what the machine, not the program, ran out of or refused: one line, never a traceback
@@ -111,7 +112,8 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse whose usage errors follow the one-line error contract, and which gives every
     command ``-user_dir`` (plugins: a user's own parts, onmt_doc/plugins.py)."""
 
-    # counts that must not be negative in whichever command declares them (torch raises otherwise)
+    # thread counts of whichever command declares them: 0 or more (torch raises otherwise), and
+    # at most a multiple of the cores (torch.set_num_threads(10**6) asks for a million threads)
     NON_NEGATIVE = ("threads",)
 
     def __init__(self, *args: object, **kwargs: object) -> None:
@@ -136,6 +138,8 @@ class ArgumentParser(argparse.ArgumentParser):
             value = getattr(ns, name, None)
             if isinstance(value, int) and value < 0:
                 self.error(f"-{name} must be 0 or more (got {value})")
+            if isinstance(value, int):
+                check_count(value, f"-{name}")
         if ns.user_dir:
             from onmt_doc.plugins import import_plugins
 

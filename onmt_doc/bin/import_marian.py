@@ -43,9 +43,11 @@ def _main(argv: Optional[list[str]] = None) -> int:
     refuse_inputs(args.output, [("-model", os.path.join(args.model, name)) for name in FOLDER_FILES])
     check_writable_target(args.output, make_folder=True)
     with run_folder_lock(args.run_dir) if args.run_dir else contextlib.nullcontext():
-        payload = import_marian(args.model, args.output, args.force, args.run_dir, args.sentence_markup)
-    activation = f"activation {payload['config']['model']['activation']}, "
-    print(describe_import(args.model, args.output, payload, args.sentence_markup, activation), file=sys.stderr)
+        payload, verified = import_marian(args.model, args.output, args.force, args.run_dir, args.sentence_markup)
+    detail = f"activation {payload['config']['model']['activation']}, "
+    checked = f"{len(verified)} files matching their download's sha256" if verified else "no download record to check"
+    detail += f"{checked}, "
+    print(describe_import(args.model, args.output, payload, args.sentence_markup, detail), file=sys.stderr)
     return 0
 
 

@@ -33,11 +33,13 @@ from typing import Any, Callable, Optional
 
 from onmt_doc.bin.common import ArgumentParser, run
 from onmt_doc.errors import UserError
+from onmt_doc.outputs import input_problem, read_input_bytes
 
 PROG = "onmt_doc_server"
 NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 API_KEY_ENV = "ONMT_DOC_API_KEY"
 API_KEY = re.compile(r"^[!-~]+$")  # printable ASCII, no spaces: what an HTTP header carries as is
+KEY_BYTES = 4096  # the most read of -api_key_file (a key is a line of tens of characters)
 # flag -> translate option it overrides (None: keep the checkpoint's)
 OPTION_FLAGS = {
     "beam": "beam",
@@ -122,13 +124,15 @@ def _parser() -> ArgumentParser:
 
 def model_specs(values: list[list[str]]) -> list[tuple[str, list[str]]]:
     """(name, checkpoints) of each -model: ``NAME=CKPT [CKPT ...]`` or ``CKPT [CKPT ...]`` (named
-    ``default``); several checkpoints are one ensemble."""
+    ``default``); several checkpoints are one ensemble. A checkpoint whose file name holds ``=`` is
+    a checkpoint when ``NAME=CKPT`` names no file; otherwise write it as a path (``./lr=0.1.pt``) or
+    name it (``-model m=lr=0.1.pt``: the name ends at the first ``=``)."""
     specs: list[tuple[str, list[str]]] = []
     for value in values:
         first, more = (value[0], value[1:]) if isinstance(value, list) else (value, [])
         name, sep, path = first.partition("=")
-        if not sep or not NAME.match(name):
-            name, path = "default", first
+        if not sep or not NAME.match(name) or (os.path.lexists(first) and not os.path.lexists(path)):
+            name, path = "default", first  # a checkpoint whose file name holds '=' (lr=0.1.pt): no name
         if not path:
             raise UserError(f"-model {first}: no checkpoint after '='")
         for other in more:
@@ -143,21 +147,27 @@ def model_specs(values: list[list[str]]) -> list[tuple[str, list[str]]]:
     return specs
 
 
+# every number of the command line has a bound: the counts (1 to the maximum), the waits (seconds or
+# milliseconds, 0 to the maximum): a typo of 10**12 must not become a 1 TB request or a week's wait
+COUNT_LIMITS = {
+    "max_request_bytes": 1 << 30,
+    "max_sentences": 1_000_000,
+    "max_sentence_chars": 1_000_000,
+    "max_request_chars": 1 << 30,
+    "max_context_sentences": 1_000_000,
+    "batch_tokens": 1_000_000,
+    "http_threads": 1024,
+}
+WAIT_LIMITS = {"batch_wait_ms": 60_000.0, "shutdown_grace": 3600.0}
+
+
 def _check_numbers(args: argparse.Namespace) -> None:
-    counts = (
-        "max_request_bytes",
-        "max_sentences",
-        "max_sentence_chars",
-        "max_request_chars",
-        "max_context_sentences",
-        "batch_tokens",
-    )
-    for flag in (*counts, "http_threads"):
-        if getattr(args, flag) < 1:
-            raise UserError(f"-{flag} must be at least 1 (got {getattr(args, flag)})")
-    for flag in ("batch_wait_ms", "shutdown_grace"):
-        if not 0 <= getattr(args, flag) < float("inf"):  # NaN and inf too
-            raise UserError(f"-{flag} must be a number, 0 or more (got {getattr(args, flag)})")
+    for flag, most in COUNT_LIMITS.items():
+        if not 1 <= getattr(args, flag) <= most:
+            raise UserError(f"-{flag} must be from 1 to {most:,} (got {getattr(args, flag)})")
+    for flag, most in WAIT_LIMITS.items():
+        if not 0 <= getattr(args, flag) <= most:  # NaN and inf too
+            raise UserError(f"-{flag} must be a number from 0 to {most:,.0f} (got {getattr(args, flag)})")
     if not 0 <= args.port <= 65535:
         raise UserError(f"-port must be from 0 to 65535 (got {args.port})")
 
@@ -187,11 +197,11 @@ def read_api_key(path: Optional[str], on_command_line: Optional[str] = None) -> 
         )
     if path is not None:
         where = f"-api_key_file {path}"
+        data = read_input_bytes(path, "-api_key_file", limit=KEY_BYTES, what="key file")  # /dev/zero: bounded
         try:
-            with open(path, encoding="utf-8") as f:
-                key = f.read().strip()
-        except (OSError, UnicodeDecodeError) as e:
-            raise UserError(f"{where}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+            key = data.decode("utf-8").strip()
+        except UnicodeDecodeError as e:
+            raise UserError(f"{where}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     elif API_KEY_ENV in os.environ:
         where, key = f"${API_KEY_ENV}", os.environ[API_KEY_ENV].strip()
     else:
@@ -258,8 +268,9 @@ def _main(argv: Optional[list[str]]) -> int:
         print(warning, file=sys.stderr, flush=True)
     for _, paths in specs:  # before the port is taken and torch imported: a typo fails at once
         for path in paths:
-            if not os.path.isfile(path):
-                raise UserError(f"{path}: checkpoint not found")
+            problem = input_problem(path)
+            if problem:
+                raise UserError(f"{path}: {'checkpoint not found' if problem == 'file not found' else problem}")
     try:
         import waitress  # noqa: F401
         from flask import Flask  # noqa: F401

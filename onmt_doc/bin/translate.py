@@ -4,7 +4,8 @@ Streams documents: one output line per input line, blank lines (document breaks)
 document written as soon as it is translated. With -tgt, prints BLEU and chrF (and d-BLEU for
 document files) to stderr; with -score, writes the log-probability of each -tgt sentence instead.
 -output FILE is written to a temporary file in the same folder and renamed when done, so a failed
-run never truncates an existing file; an -output that is (a link to) an input file is refused.
+run never truncates an existing file; an -output that is (a link to) an input file is refused, and so
+are standard input and output that are one (``-src - < x -output x``, ``-src x >> x``).
 Several -model checkpoints translate as an ensemble. -engine ctranslate2 -model FOLDER translates
 with a CTranslate2 export of onmt_doc_release (sentence, k_to_1 and k_to_k models) instead of
 onmt_doc's own search. -stream translates line by line as lines arrive (standard input, a pipe):
@@ -185,7 +186,8 @@ def _main(argv: Optional[list[str]]) -> int:
     refuse_inputs(args.output, inputs)
     check_writable_target(args.output)
     if args.metrics_file:
-        refuse_inputs(args.metrics_file, [*inputs, ("-output", args.output)], "-metrics_file")
+        output = "/dev/stdout" if args.output == "-" else args.output  # the translations, wherever they go
+        refuse_inputs(args.metrics_file, [*inputs, ("-output", output)], "-metrics_file")
         check_writable_target(args.metrics_file, "-metrics_file")
     if args.max_line_chars is not None and args.max_line_chars < 0:
         raise UserError(f"-max_line_chars must be >= 0 (got {args.max_line_chars})")

@@ -128,7 +128,7 @@ class DataConfig:
     workers: int = option(
         0,
         "processes that tokenize while the vocabulary is counted and a corpus is binarized (0 = min(4, CPU "
-        "cores)); the vocabulary and the cache are the same bytes whatever the number; see "
+        "cores); at most 8 per core); the vocabulary and the cache are the same bytes whatever the number; see "
         "[data.md](data.md#binarization-streamed-on-every-core)",
         minimum=0,
     )

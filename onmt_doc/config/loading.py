@@ -366,29 +366,36 @@ def _import_plugins(raw: dict, source: str) -> None:
 CONFIG_BYTES = 16 << 20
 
 
+def read_yaml(path: str, what: str = "config") -> Any:
+    """A user's YAML file (a config, a benchmark spec), read strictly: bounded in size, UTF-8, no
+    key twice in a mapping, no Python tags, not nested past the parser's depth; every problem a
+    one-line ``ConfigError`` naming the file (and line)."""
+    problem = input_problem(path)
+    if problem:
+        raise ConfigError(f"{path}: {what} {problem}")
+    try:
+        text = read_input_bytes(path, limit=CONFIG_BYTES, what=f"{what} file").decode("utf-8")
+        return yaml.load(text, Loader=StrictYAMLLoader)
+    except UserError as e:
+        raise ConfigError(str(e)) from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a {what}") from None
+    except DuplicateKeyError as e:
+        raise ConfigError(f"{path}:{e.line}: duplicate key '{e.key}' (first at line {e.first})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{where}: invalid YAML ({getattr(e, 'problem', e)})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not valid UTF-8") from None
+
+
 def load_config(path: Optional[str], overrides: Optional[list[str]] = None) -> Config:
     """Read a YAML config (or none: all defaults) and apply dotted overrides."""
     raw: Any = {}
     source = path or "command line"
     if path:
-        problem = input_problem(path)
-        if problem:
-            raise ConfigError(f"{path}: config {problem}")
-        try:
-            text = read_input_bytes(path, limit=CONFIG_BYTES, what="config file").decode("utf-8")
-            raw = yaml.load(text, Loader=StrictYAMLLoader) or {}
-        except UserError as e:
-            raise ConfigError(str(e)) from None
-        except RecursionError:
-            raise ConfigError(f"{path}: nested too deeply to be a config") from None
-        except DuplicateKeyError as e:
-            raise ConfigError(f"{path}:{e.line}: duplicate key '{e.key}' (first at line {e.first})") from None
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f":{mark.line + 1}" if mark else ""
-            raise ConfigError(f"{path}{where}: invalid YAML ({getattr(e, 'problem', e)})") from None
-        except UnicodeDecodeError:
-            raise ConfigError(f"{path}: not valid UTF-8") from None
+        raw = read_yaml(path) or {}
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: expected a mapping of sections at the top level")
     _import_plugins(raw, source)

@@ -143,7 +143,7 @@ class TrainConfig:
     )
     threads: int = option(
         0,
-        "CPU threads per process (at least 0); 0 = automatic: `OMP_NUM_THREADS` when set "
+        "CPU threads per process (at least 0, at most 8 per core); 0 = automatic: `OMP_NUM_THREADS` when set "
         "and training runs in one process, else cores / processes on this node; no effect on "
         "GPUs",
         minimum=0,

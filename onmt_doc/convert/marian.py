@@ -42,24 +42,26 @@ left over, a missing one, a wrong shape, or a config value we do not implement i
 
 from __future__ import annotations
 
-import json
+import hashlib
 import numbers
 import os
+import re
 from typing import Any, Optional
 
 import torch
 import yaml
 
 from onmt_doc.config import config_from_dict, config_to_dict
+from onmt_doc.convert import check_finite
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.prepare import save_codec
 from onmt_doc.data.tokenizer import Subword
 from onmt_doc.data.vocab import BOS, EOS, EOS_SENT, MASK, PAD, SOS, SPECIALS, UNK, Vocab
 from onmt_doc.errors import ConfigError, UserError
 from onmt_doc.models.builder import build_model
-from onmt_doc.models.checkpoint import save_checkpoint
+from onmt_doc.models.checkpoint import read_torch_file, save_checkpoint
 from onmt_doc.modules.embeddings import sinusoid_table
-from onmt_doc.outputs import read_input_bytes, write_text
+from onmt_doc.outputs import input_problem, parse_json, read_input_bytes, write_text
 
 CONFIG, SAFETENSORS, PICKLE = "config.json", "model.safetensors", "pytorch_model.bin"
 SOURCE_SPM, TARGET_SPM, VOCAB = "source.spm", "target.spm", "vocab.json"
@@ -71,6 +73,8 @@ SMALL_FILE = 256 << 20  # the largest config / vocabulary / SentencePiece model 
 ACTIVATIONS = {"swish": "swish", "silu": "swish", "gelu": "gelu", "relu": "relu"}
 # config.json keys of the older BART-style Marian configs whose non-default values change the
 # network; transformers' Marian ignores them, we refuse rather than guess: (key, the value we support)
+# config.json's switches (transformers' MarianConfig defaults): JSON booleans only
+BOOL_KEYS = {"scale_embedding": False, "tie_word_embeddings": True, "share_encoder_decoder_embeddings": True}
 FIXED_KEYS = (
     ("normalize_before", False),
     ("add_final_layer_norm", False),
@@ -87,35 +91,83 @@ def marian_error(what: str) -> UserError:
 
 
 def read_folder(folder: str) -> dict[str, Any]:
-    """config.json, the weights, both SentencePiece models and vocab.json of ``folder``; a missing
-    or unreadable file is a one-line error naming it."""
+    """config.json, the weights, both SentencePiece models and vocab.json of ``folder``, each
+    checked against the sha256 the Hugging Face download recorded for it where there is one
+    (:func:`verify_download`; ``verified``: the names checked); a missing, unreadable or damaged
+    file is a one-line error naming it."""
     if not os.path.isdir(folder):
-        raise UserError(f"{folder}: not a folder (expected a Hugging Face Marian folder: {CONFIG}, {VOCAB}, …)")
+        problem = input_problem(folder)
+        what = "not found" if problem == "file not found" else "is a file, not a folder"
+        raise UserError(f"{folder}: {what} (expected a Hugging Face Marian folder: {CONFIG}, {VOCAB}, …)")
 
     def need(name: str) -> str:
         path = os.path.join(folder, name)
-        if not os.path.isfile(path):
+        problem = input_problem(path)
+        if problem == "file not found":
             raise UserError(f"{path}: missing; a Marian model folder holds {CONFIG}, {SAFETENSORS} or "
                             f"{PICKLE}, {SOURCE_SPM}, {TARGET_SPM} and {VOCAB}")  # fmt: skip
+        if problem:
+            raise UserError(f"{path}: {problem}")
         return path
 
-    if os.path.isfile(os.path.join(folder, "target_vocab.json")):
+    if os.path.lexists(os.path.join(folder, "target_vocab.json")):
         raise marian_error("separate source and target vocabularies (target_vocab.json) are not supported")
-    config = _json(need(CONFIG))
-    vocab = _json(need(VOCAB))
-    spm = {name: read_input_bytes(need(name), name, limit=SMALL_FILE, what="SentencePiece model")
+    weights = SAFETENSORS if os.path.lexists(os.path.join(folder, SAFETENSORS)) else PICKLE
+    paths = {name: need(name) for name in (CONFIG, VOCAB, SOURCE_SPM, TARGET_SPM, weights)}
+    verified = [name for name, path in paths.items() if verify_download(folder, name, path)]
+    config = _json(paths[CONFIG])
+    vocab = _json(paths[VOCAB])
+    spm = {name: read_input_bytes(paths[name], limit=SMALL_FILE, what="SentencePiece model")
            for name in (SOURCE_SPM, TARGET_SPM)}  # fmt: skip
-    weights = os.path.join(folder, SAFETENSORS)
-    tensors = load_safetensors(weights) if os.path.isfile(weights) else load_pickle(need(PICKLE))
-    return {"config": config, "vocab": vocab, "tensors": tensors, **spm}
+    tensors = load_safetensors(paths[weights]) if weights == SAFETENSORS else load_pickle(paths[weights])
+    check_finite(tensors, paths[weights])
+    return {"config": config, "vocab": vocab, "tensors": tensors, "verified": verified, **spm}
+
+
+# where ``huggingface-cli download … --local-dir DIR`` records each file it wrote: commit, ETag, time
+DOWNLOAD_RECORDS = os.path.join(".cache", "huggingface", "download")
+SHA256 = re.compile(r"^[0-9a-f]{64}$")  # an LFS file's ETag is the sha256 of its bytes (huggingface_hub's rule)
+
+
+def download_sha256(folder: str, name: str) -> Optional[str]:
+    """The sha256 the Hugging Face download of ``folder`` recorded for ``name``, or None (no
+    record: a folder written by ``save_pretrained`` or copied; a file stored without LFS)."""
+    record = os.path.join(folder, DOWNLOAD_RECORDS, f"{name}.metadata")
+    try:
+        with open(record, "rb") as f:
+            lines = f.read(4096).decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    etag = lines[1].strip().strip('"') if len(lines) > 1 else ""
+    return etag if SHA256.match(etag) else None
+
+
+def verify_download(folder: str, name: str, path: str) -> bool:
+    """Check ``path`` against its download record (:func:`download_sha256`): one more read of the
+    file; True when checked, a one-line ``UserError`` when its bytes differ (safetensors holds no
+    checksum of its own, so a flipped byte would otherwise import as a slightly different model)."""
+    expected = download_sha256(folder, name)
+    if expected is None:
+        return False
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                h.update(chunk)
+    except OSError as e:
+        raise UserError(f"{path}: cannot be read ({e.strerror or e})") from None
+    if h.hexdigest() != expected:
+        record = os.path.join(DOWNLOAD_RECORDS, f"{name}.metadata")
+        raise UserError(
+            f"{path}: damaged: its sha256 differs from the one its download recorded ({record}); download it "
+            f"again (or, for a file you changed on purpose, delete that record)"
+        )
+    return True
 
 
 def _json(path: str) -> Any:
-    data = read_input_bytes(path, os.path.basename(path), limit=SMALL_FILE, what="JSON file")
-    try:
-        return json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise UserError(f"{path}: not valid JSON ({str(e).splitlines()[0][:120]})") from None
+    data = read_input_bytes(path, limit=SMALL_FILE, what="JSON file")
+    return parse_json(data, path)
 
 
 def load_safetensors(path: str) -> dict[str, torch.Tensor]:
@@ -134,11 +186,9 @@ def load_safetensors(path: str) -> dict[str, torch.Tensor]:
 
 
 def load_pickle(path: str) -> dict[str, torch.Tensor]:
-    """The state dict of a ``pytorch_model.bin``, read with ``weights_only=True`` (tensors only)."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # a damaged file, or one that needs classes beyond tensors
-        raise UserError(f"{path}: not a readable PyTorch state dict ({str(e).splitlines()[0][:160]})") from None
+    """The state dict of a ``pytorch_model.bin``: its records checked against their CRC-32s, read
+    with ``weights_only=True`` (tensors only)."""
+    state = read_torch_file(path, "PyTorch state dict", "download it again")
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise UserError(f"{path}: not a state dict of tensors")
     return state
@@ -158,17 +208,26 @@ def _probability(config: dict, key: str) -> float:
     return float(value)
 
 
+def _bool(config: dict, key: str, default: bool) -> bool:
+    """A JSON true/false, never a truthy string (``"false"``) or number."""
+    value = config.get(key, default)
+    if not isinstance(value, bool):
+        raise marian_error(f"config.json {key} {value!r} is not true or false")
+    return value
+
+
 def check_config(config: Any) -> None:
-    """Refuse, in one line naming the key, every config.json value whose network we do not build."""
+    """Refuse, in one line naming the key, every config.json value whose network we do not build,
+    and every value of the wrong type (strictly: ``"false"`` is a string, not false)."""
     if not isinstance(config, dict):
         raise marian_error("config.json is not a JSON object")
     if config.get("model_type") != "marian":
         raise marian_error(f"config.json model_type {config.get('model_type')!r} (expected 'marian')")
     activation = config.get("activation_function", "gelu")
-    if activation not in ACTIVATIONS:
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
         raise marian_error(f"config.json activation_function {activation!r} (supported: {', '.join(ACTIVATIONS)})")
     for key, supported in FIXED_KEYS:
-        if key in config and config[key] != supported:
+        if key in config and (not isinstance(config[key], bool) or config[key] != supported):
             raise marian_error(f"config.json {key} {config[key]!r} (only {str(supported).lower()} is supported)")
     for key in ("d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads",
                 "encoder_ffn_dim", "decoder_ffn_dim", "vocab_size"):  # fmt: skip
@@ -176,13 +235,19 @@ def check_config(config: Any) -> None:
     for key in ("encoder_attention_heads", "decoder_attention_heads"):
         if config["d_model"] % config[key]:
             raise marian_error(f"config.json d_model {config['d_model']} is not divisible by {key} {config[key]}")
+    if config.get("decoder_vocab_size") is not None:
+        _int(config, "decoder_vocab_size")
     if config.get("decoder_vocab_size") not in (None, config["vocab_size"]):
         raise marian_error(f"config.json decoder_vocab_size {config['decoder_vocab_size']} (a separate target "
                            f"vocabulary) differs from vocab_size {config['vocab_size']}")  # fmt: skip
     for key in ("pad_token_id", "eos_token_id", "decoder_start_token_id"):
         _int(config, key, 0)
+    if "max_position_embeddings" in config:
+        _int(config, "max_position_embeddings")
     for key in ("dropout", "attention_dropout"):
         _probability(config, key)
+    for key, default in BOOL_KEYS.items():
+        _bool(config, key, default)
 
 
 def marian_vocab(vocab: Any, config: dict, rows: int) -> tuple[Vocab, dict[str, int]]:
@@ -294,7 +359,7 @@ def _check_positions(src: _Source, side: str, d: int) -> None:
 
 def model_config(config: dict, shared_spm: bool, markup: bool) -> dict:
     """The onmt_doc config (as a dict) of the Marian network described by ``config``."""
-    share = bool(config.get("share_encoder_decoder_embeddings", True))
+    share = _bool(config, "share_encoder_decoder_embeddings", True)
     return {
         "data": {"sentence_markup": markup},
         "vocab": {"subword": "sentencepiece", "shared": shared_spm, "tokenizer": "none"},
@@ -303,13 +368,13 @@ def model_config(config: dict, shared_spm: bool, markup: bool) -> dict:
             # one embedding module needs vocab.shared (one subword model): with two SentencePiece
             # models the two sides get equal copies instead (the same function; fine-tuning may part them)
             "share_embeddings": share and shared_spm,
-            "tie_output": bool(config.get("tie_word_embeddings", True)),
+            "tie_output": _bool(config, "tie_word_embeddings", True),
             "dropout": _probability(config, "dropout"),
             "attention_dropout": _probability(config, "attention_dropout"),
-            "max_positions": int(config.get("max_position_embeddings") or 1024),
+            "max_positions": _int(config, "max_position_embeddings") if "max_position_embeddings" in config else 1024,
             "activation": ACTIVATIONS[config.get("activation_function", "gelu")],
             "position_layout": "halves",
-            "scale_embedding": bool(config.get("scale_embedding", False)),
+            "scale_embedding": _bool(config, "scale_embedding", False),
             "layer_norm_eps": 1e-5,  # nn.LayerNorm's default, what transformers' Marian layers use
             "encoder": {"type": "transformer", "layers": config["encoder_layers"], "pre_norm": False,
                         "heads": config["encoder_attention_heads"], "ff": config["encoder_ffn_dim"]},
@@ -326,13 +391,13 @@ def convert(folder_data: dict, markup: bool = False) -> dict:
     check_config(config)
     src = _Source(folder_data["tensors"])
     d, n = config["d_model"], config["vocab_size"]
-    share = bool(config.get("share_encoder_decoder_embeddings", True))
+    share = _bool(config, "share_encoder_decoder_embeddings", True)
     enc_names = ("shared.weight", "encoder.embed_tokens.weight") if share else ("encoder.embed_tokens.weight",)
     dec_names = ("shared.weight", "decoder.embed_tokens.weight") if share else ("decoder.embed_tokens.weight",)
     present = [src.tensors[name] for name in enc_names if name in src.tensors]
     vocab, row_source = marian_vocab(folder_data["vocab"], config, present[0].size(0) if present else n)
     enc_emb, dec_emb = src.first(enc_names, (n, d)), src.first(dec_names, (n, d))
-    tied = bool(config.get("tie_word_embeddings", True))
+    tied = _bool(config, "tie_word_embeddings", True)
     out_w = dec_emb if tied and not src.has("lm_head.weight") else src.take("lm_head.weight", (n, d))
     if tied and not torch.equal(out_w, dec_emb):
         raise marian_error("tie_word_embeddings is true but lm_head.weight differs from the decoder embeddings")
@@ -380,10 +445,11 @@ def convert(folder_data: dict, markup: bool = False) -> dict:
 
 def import_marian(
     folder: str, output: str, force: bool = False, run_dir: Optional[str] = None, markup: bool = False
-) -> dict:
+) -> tuple[dict, list[str]]:
     """Convert the Marian model of ``folder`` and save it atomically as the onmt_doc checkpoint
     ``output``; ``run_dir`` also gets the SentencePiece models and vocabularies as a run folder holds
-    them, so a run there (``log.dir``) can fine-tune it with ``train.init_from``."""
+    them, so a run there (``log.dir``) can fine-tune it with ``train.init_from``. Returns the
+    checkpoint's payload and the files checked against their download's sha256."""
     if os.path.exists(output) and not force:
         raise UserError(f"{output} exists; add -force to overwrite it")
     data = read_folder(folder)
@@ -398,4 +464,4 @@ def import_marian(
             "# (train.init_from) keeps these keys; change model.encoder/decoder type for a document model\n"
         )
         write_text(os.path.join(run_dir, IMPORT_SECTIONS), note + yaml.safe_dump(sections, sort_keys=False), inputs)
-    return payload
+    return payload, data["verified"]

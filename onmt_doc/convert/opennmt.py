@@ -48,17 +48,18 @@ import torch
 from torch import nn
 
 from onmt_doc.config import config_from_dict, config_to_dict
+from onmt_doc.convert import check_finite
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.prepare import save_codec
 from onmt_doc.data.tokenizer import Subword
 from onmt_doc.data.vocab import BOS, EOS, EOS_SENT, MASK, PAD, SOS, SPECIALS, UNK, Vocab
 from onmt_doc.errors import UserError
 from onmt_doc.models.builder import build_model
-from onmt_doc.models.checkpoint import archive_problem, is_zip, save_checkpoint
+from onmt_doc.models.checkpoint import read_torch_file, save_checkpoint
 from onmt_doc.models.model import EncoderDecoder
 from onmt_doc.modules.attention import MultiHeadAttention
 from onmt_doc.modules.embeddings import sinusoid_table
-from onmt_doc.outputs import check_readable_file, read_input_bytes
+from onmt_doc.outputs import read_input_bytes
 
 # OpenNMT-py 3.x DefaultTokens (onmt/constants.py)
 ONMT_PAD, ONMT_UNK, ONMT_BOS, ONMT_EOS, ONMT_MASK = "<blank>", "<unk>", "<s>", "</s>", "<mask>"
@@ -73,25 +74,16 @@ SAFE_GLOBALS = [argparse.Namespace]  # the only class an OpenNMT-py 3.x checkpoi
 def load_opennmt_checkpoint(path: str) -> dict:
     """The checkpoint dict, read with ``weights_only=True`` plus ``argparse.Namespace`` (its options),
     after checking the CRC-32 of every record of its zip archive (``torch.load`` does not)."""
-    check_readable_file(path, "-model")
-    try:
-        problem = archive_problem(path) if is_zip(path) else None  # older torch wrote no zip: nothing to check
-    except OSError as e:
-        raise UserError(f"{path}: cannot read the checkpoint ({e.strerror or e})") from None
-    if problem:
-        raise UserError(f"{path}: damaged OpenNMT-py checkpoint ({problem}); use another copy of it")
-    try:
-        with torch.serialization.safe_globals(SAFE_GLOBALS):
-            ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # a damaged file or a class outside SAFE_GLOBALS
-        reason = str(e).strip().replace("\n", " ")
-        if "Unsupported global" in reason:  # torch names the class it refused
-            reason = reason[reason.index("Unsupported global") :].split(". ")[0]
-        raise UserError(f"{path}: not a readable OpenNMT-py checkpoint ({reason[:200]})") from None
+    ckpt = read_torch_file(path, "OpenNMT-py checkpoint", "use another copy of it", SAFE_GLOBALS)
     if not isinstance(ckpt, dict) or not {"model", "vocab", "opt"} <= set(ckpt):
         raise UserError(f"{path}: not an OpenNMT-py checkpoint (no model/vocab/opt entries)")
     if not isinstance(ckpt["opt"], argparse.Namespace) or not isinstance(ckpt["vocab"], dict):
         raise UserError(f"{path}: not an OpenNMT-py 3.x checkpoint (opt is not a Namespace or vocab not a dict)")
+    for key in ("model", "generator"):
+        part = ckpt.get(key) or {}
+        if not isinstance(part, dict) or not all(isinstance(v, torch.Tensor) for v in part.values()):
+            raise UserError(f"{path}: not an OpenNMT-py checkpoint ({key} is not a state dict of tensors)")
+        check_finite(part, path)
     return ckpt
 
 
@@ -100,16 +92,33 @@ def _get(opt: argparse.Namespace, name: str, default: Any = None) -> Any:
     return value[0] if isinstance(value, list) and name in ("dropout", "attention_dropout") and value else value
 
 
+NUMBER_OPTIONS = {"max_relative_positions": 0, "num_kv": 0, "num_experts": 0, "norm_eps": 1e-6}
+
+
+def check_types(opt: argparse.Namespace, vocab: dict) -> None:
+    """Refuse options of the wrong type before they are compared (a string ``max_relative_positions``
+    failed inside a comparison): numbers are numbers, the vocabularies lists of strings."""
+    for name, default in NUMBER_OPTIONS.items():
+        value = _get(opt, name, default)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real) or value != value):
+            raise UserError(f"OpenNMT-py model not importable: {name} {value!r} is not a number")
+    for side in ("src", "tgt"):
+        tokens = vocab.get(side)
+        if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+            raise UserError(f"OpenNMT-py model not importable: vocab['{side}'] is not a list of tokens")
+
+
 def check_architecture(opt: argparse.Namespace, vocab: dict) -> None:
     """Refuse, in one line, every OpenNMT-py option whose network onmt_doc does not have."""
+    check_types(opt, vocab)
     refusals = [
         (_get(opt, "model_task", "seq2seq") != "seq2seq", f"model_task {_get(opt, 'model_task')}"),
         (vocab.get("data_task", "seq2seq") != "seq2seq", f"data_task {vocab.get('data_task')}"),
         (_get(opt, "encoder_type") != "transformer", f"encoder_type {_get(opt, 'encoder_type')}"),
         (_get(opt, "decoder_type") != "transformer", f"decoder_type {_get(opt, 'decoder_type')}"),
-        (_get(opt, "max_relative_positions", 0) > 0, "relative positions (max_relative_positions > 0)"),
-        (_get(opt, "max_relative_positions", 0) == -1, "rotary embeddings (max_relative_positions -1)"),
-        (_get(opt, "max_relative_positions", 0) == -2, "ALiBi (max_relative_positions -2)"),
+        ((_get(opt, "max_relative_positions", 0) or 0) > 0, "relative positions (max_relative_positions > 0)"),
+        ((_get(opt, "max_relative_positions", 0) or 0) == -1, "rotary embeddings (max_relative_positions -1)"),
+        ((_get(opt, "max_relative_positions", 0) or 0) == -2, "ALiBi (max_relative_positions -2)"),
         (not _get(opt, "position_encoding", False), "no sinusoidal position encoding (position_encoding false)"),
         (
             _get(opt, "position_encoding_type", "SinusoidalInterleaved") != "SinusoidalInterleaved",
@@ -121,8 +130,11 @@ def check_architecture(opt: argparse.Namespace, vocab: dict) -> None:
             f"feed-forward activation {_get(opt, 'pos_ffn_activation_fn')} (gated or non-ReLU)",
         ),
         (bool(_get(opt, "parallel_residual", False)), "parallel_residual"),
-        (_get(opt, "num_kv", 0) not in (0, _get(opt, "heads")), f"multi-query attention, num_kv {_get(opt, 'num_kv')}"),
-        (_get(opt, "num_experts", 0) > 0, "mixture of experts (num_experts > 0)"),
+        (
+            (_get(opt, "num_kv", 0) or 0) not in (0, _get(opt, "heads")),
+            f"multi-query attention, num_kv {_get(opt, 'num_kv')}",
+        ),
+        ((_get(opt, "num_experts", 0) or 0) > 0, "mixture of experts (num_experts > 0)"),
         (
             _get(opt, "self_attn_type", "scaled-dot") not in ("scaled-dot", "scaled-dot-flash"),
             f"self_attn_type {_get(opt, 'self_attn_type')}",
@@ -130,14 +142,17 @@ def check_architecture(opt: argparse.Namespace, vocab: dict) -> None:
         (bool(_get(opt, "copy_attn", False)), "copy attention"),
         (bool(vocab.get("src_feats")), "source features"),
         (vocab.get("decoder_start_token", ONMT_BOS) != ONMT_BOS, f"decoder_start_token {vocab['decoder_start_token']}"),
-        (_get(opt, "norm_eps", 1e-6) > 1e-5, f"norm_eps {_get(opt, 'norm_eps')} (ours is 1e-5)"),
+        ((_get(opt, "norm_eps", 1e-6) or 0) > 1e-5, f"norm_eps {_get(opt, 'norm_eps')} (ours is 1e-5)"),
     ]  # fmt: skip
     for refused, what in refusals:
         if refused:
             raise UserError(f"OpenNMT-py model not importable: {what} has no onmt_doc counterpart")
     check_sizes(opt)
-    sizes = {_get(opt, k) for k in ("enc_hid_size", "dec_hid_size", "src_word_vec_size", "tgt_word_vec_size")}
-    sizes.discard(None)
+    named = {k: _get(opt, k) for k in ("enc_hid_size", "dec_hid_size", "src_word_vec_size", "tgt_word_vec_size")}
+    for k, value in named.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+            raise UserError(f"OpenNMT-py model not importable: {k} {value!r} is not a positive integer")
+    sizes = {v for v in named.values() if v is not None}
     if len(sizes) != 1:
         raise UserError(f"OpenNMT-py model not importable: hidden and embedding sizes differ ({sorted(sizes)})")
 

@@ -20,9 +20,10 @@ import numpy as np
 
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import iter_aligned, read_parallel
-from onmt_doc.data.mapped import MappedCorpus, MappedWriter, flatten, open_mapped
+from onmt_doc.data.mapped import DamagedCache, MappedCorpus, MappedWriter, flatten, open_mapped
 from onmt_doc.data.progress import Progress
 from onmt_doc.data.workers import default_workers, ordered_map
+from onmt_doc.errors import UserError
 from onmt_doc.outputs import output_folder
 
 log = logging.getLogger("onmt_doc")
@@ -167,19 +168,22 @@ def load_mapped(
     workers: int = 1,
 ) -> tuple[MappedCorpus, bool]:
     """The memory-mapped binarized corpus (``<cache_dir>/<cache_key>/``), binarized first when
-    missing or damaged; True as second value when it was already there."""
+    missing, or again, saying which file, when it is not what was written (:func:`open_mapped`:
+    sizes, CRC-32s, offsets, ids inside ``codec``'s vocabularies); True as second value when it
+    was already there."""
     folder = os.path.join(cache_dir, cache_key(src, tgt, codec, documents))
-    corpus = open_mapped(folder) if os.path.isdir(folder) else None
-    if corpus is not None:
-        return corpus, True
+    sizes = (len(codec.src_vocab), len(codec.tgt_vocab))
     if os.path.isdir(folder):
-        log.warning("%s: incomplete binarized cache; binarizing the corpus again", folder)
+        try:
+            return open_mapped(folder, sizes), True
+        except DamagedCache as e:
+            log.warning("%s: binarized cache not as written (%s); binarizing the corpus again", e.path, e.reason)
     remove_stale_staging(folder)
     binarize(src, tgt, codec, documents, max_chars, folder, workers or default_workers())
-    corpus = open_mapped(folder)
-    if corpus is None:  # pragma: no cover - written just now
-        raise RuntimeError(f"{folder}: binarized cache unreadable right after writing it")
-    return corpus, False
+    try:  # written just now from the checksums of the bytes it wrote: only the cheap checks
+        return open_mapped(folder, sizes, verify=False), False
+    except DamagedCache as e:  # pragma: no cover - another process replaced it in between
+        raise UserError(f"{e}: the binarized cache changed right after it was written") from None
 
 
 def load_tokenized(

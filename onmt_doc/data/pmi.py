@@ -281,14 +281,38 @@ class PMITable:
         except Exception as e:  # an empty, cut or damaged file fails anywhere in zipfile/numpy (EOFError, BadZipFile…)
             reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
             raise UserError(f"{path}: not a PMI table of onmt_doc_build_pmi_table ({reason})") from None
+        if not isinstance(meta, dict) or not all(isinstance(meta.get(k, 0), int) for k in ("format", "n_pairs")):
+            raise UserError(f"{path}: not a PMI table of onmt_doc_build_pmi_table (its meta entry is not a table's)")
         if meta.get("format", 0) > TABLE_FORMAT:
             raise UserError(f"{path}: PMI table format {meta['format']} is newer than this onmt_doc reads")
+        problem = table_problem(arrays)
+        if problem:
+            raise UserError(f"{path}: not a PMI table of onmt_doc_build_pmi_table ({problem})")
         table = cls(
             **arrays, n_pairs=int(meta.get("n_pairs", 0)), vocab=str(meta.get("vocab", "")), normaliser=normaliser
         )
         if codec is not None:
             table.check_vocab(codec, path)
         return table
+
+
+def table_problem(arrays: dict[str, np.ndarray]) -> Optional[str]:
+    """Why ``arrays`` cannot be a table's (None when they can): the zip's CRC-32s say the bytes are
+    the ones saved, this says they index what they claim: integer counts, never negative, keys
+    sorted and unique (the lookup is a binary search) inside ``V_tgt × V_src`` / ``V_tgt × V_tgt``."""
+    for name, a in arrays.items():
+        if a.ndim != 1 or a.dtype.kind not in "iu":
+            return f"{name} is not a list of integers"
+        if len(a) and a.min() < 0:
+            return f"{name} holds a negative value"
+    src_size, tgt_size = len(arrays["src_counts"]), len(arrays["tgt_counts"])
+    for scenario, size in (("bi", tgt_size * src_size), ("mono", tgt_size * tgt_size)):
+        keys, counts = arrays[f"{scenario}_keys"], arrays[f"{scenario}_counts"]
+        if len(keys) != len(counts):
+            return f"{len(keys)} {scenario}_keys for {len(counts)} {scenario}_counts"
+        if len(keys) and (keys.max() >= size or (len(keys) > 1 and np.diff(keys).min() <= 0)):
+            return f"{scenario}_keys out of order or outside the vocabularies' {size} pairs"
+    return None
 
 
 def count_table(

@@ -2,6 +2,9 @@
 
 The run folder (``log.dir``) holds ``subword.model`` (or ``src.subword`` and ``tgt.subword``) and
 ``vocab.txt`` (or ``vocab.src`` and ``vocab.tgt``); every checkpoint carries copies of them.
+``vocab.sha256`` (``sha256sum`` format) records the digest of each of those files as written, and
+:func:`load_codec` checks them against it: a changed vocabulary would give the run's checkpoints
+other tokens for their ids.
 
 Functions take the sections they read (``DataConfig``, ``VocabConfig``) and paths, never the whole
 ``Config``: the data layer has no business with training or model keys, and a caller (a tool, a
@@ -10,6 +13,7 @@ test) can prepare data without building a full config.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import random
@@ -29,11 +33,16 @@ from onmt_doc.data.mapped import MappedCorpus, MappedExamples
 from onmt_doc.data.progress import Progress
 from onmt_doc.data.tokenizer import Subword
 from onmt_doc.data.vocab import Vocab
-from onmt_doc.data.workers import default_workers, ordered_map
+from onmt_doc.data.workers import check_workers, default_workers, ordered_map
 from onmt_doc.errors import ConfigError, UserError
-from onmt_doc.outputs import Input, input_problem, make_folders, write_bytes
+from onmt_doc.outputs import Input, input_problem, make_folders, open_input, read_input_bytes, write_bytes
 
 log = logging.getLogger("onmt_doc")
+
+
+MANIFEST = "vocab.sha256"  # the digests of the codec files as save_codec wrote them
+VOCAB_BYTES = 1 << 30  # the largest vocabulary read (10M entries are a few hundred MB)
+SUBWORD_BYTES = 256 << 20  # the largest subword model read (real ones are a few MB)
 
 
 def _paths(run_dir: str, shared: bool) -> dict[str, str]:
@@ -153,6 +162,7 @@ def build_codec(data: DataConfig, vocab: VocabConfig, run_dir: str, force: bool 
     them in ``run_dir`` (:func:`save_codec`: ``force`` replaces those of a run with checkpoints).
     Memory: the sample and the counts, not the corpus."""
     corpora = train_corpora(data)
+    check_workers(data.workers)  # before the minutes of learning the subword model
     inputs = [(f"data.train.{c.name}.{side}", getattr(c, side)) for c in corpora for side in ("src", "tgt")]
     max_chars = data.max_line_chars
     total = _aligned_lines(corpora, max_chars)
@@ -186,7 +196,7 @@ def build_codec(data: DataConfig, vocab: VocabConfig, run_dir: str, force: bool 
 def codec_files(run_dir: str, shared: bool) -> list[tuple[str, str]]:
     """The run folder's subword model and vocabulary files that exist (``shared``: ``vocab.shared``),
     as (what, path) inputs of a command (so that no output of it may land on them)."""
-    p = _paths(run_dir, shared)
+    p = {**_paths(run_dir, shared), "vocab digests": os.path.join(run_dir, MANIFEST)}
     return [(f"run folder's {key}", path) for key, path in p.items() if os.path.exists(path)]
 
 
@@ -218,7 +228,37 @@ def save_codec(
         backups = _guard_replacement(run_dir, sorted(set(changed.values())), force)
     for path, key in {path: key for key, path in changed.items()}.items():
         write_bytes(path, new[key], inputs, flag="")
+    digests = {os.path.basename(p[key]): hashlib.sha256(data).hexdigest() for key, data in new.items() if data}
+    manifest = "".join(f"{digest}  {name}\n" for name, digest in sorted(digests.items())).encode()
+    if _differs(os.path.join(run_dir, MANIFEST), manifest):
+        write_bytes(os.path.join(run_dir, MANIFEST), manifest, inputs, flag="")
     return backups
+
+
+def verify_codec_files(run_dir: str) -> None:
+    """Check the codec files of a run folder against the digests ``save_codec`` recorded
+    (``vocab.sha256``; a run written before it has none, and is not checked): a vocabulary or
+    subword model changed since would silently give the run's checkpoints and cache other tokens."""
+    manifest = os.path.join(run_dir, MANIFEST)
+    if not os.path.isfile(manifest):
+        return
+    for number, line in enumerate(read_input_bytes(manifest, limit=1 << 16).decode("utf-8", "replace").splitlines(), 1):
+        digest, _, name = line.partition("  ")
+        path = os.path.join(run_dir, name)
+        if len(digest) != 64 or not name or os.sep in name:
+            raise UserError(f"{manifest}:{number}: not a '<sha256>  <file name>' line; rebuild the vocabulary")
+        if not os.path.isfile(path):
+            continue  # a file the run no longer has: load_codec says what is missing
+        h = hashlib.sha256()
+        with open_input(path) as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                h.update(chunk)
+        if h.hexdigest() != digest:
+            raise UserError(
+                f"{path}: changed since it was written (its sha256 differs from {MANIFEST}); the run's checkpoints "
+                f"and cache use the vocabulary it held: run onmt_doc_build_vocab again (-force if the run has "
+                f"checkpoints), or delete {MANIFEST} to use the file as it is now"
+            )
 
 
 def _differs(path: str, data: bytes) -> bool:
@@ -244,7 +284,8 @@ def _guard_replacement(run_dir: str, paths: list[str], force: bool) -> list[str]
         )
     stamp = time.strftime("%Y%m%d-%H%M%S")
     backups = []
-    for path in existing:
+    manifest = os.path.join(run_dir, MANIFEST)  # their digests go with them: the backups stay checkable
+    for path in existing + ([manifest] if os.path.exists(manifest) else []):
         backup = f"{path}.backup-{stamp}"
         shutil.copy2(path, backup)
         backups.append(backup)
@@ -258,13 +299,16 @@ def load_codec(vocab: VocabConfig, run_dir: str) -> Optional[Codec]:
     if not os.path.exists(p["src_vocab"]) or not os.path.exists(p["tgt_vocab"]):
         return None
 
+    verify_codec_files(run_dir)
+
     def subword(path: str) -> Subword:
         if vocab.subword == "none":
             return Subword("none", vocab.tokenizer, None)
         if not os.path.exists(path):
             raise ConfigError(f"{path}: subword model missing (run onmt_doc_build_vocab again)")
-        with open(path, "rb") as f:
-            return Subword(vocab.subword, vocab.tokenizer, f.read())
+        return Subword(
+            vocab.subword, vocab.tokenizer, read_input_bytes(path, limit=SUBWORD_BYTES, what="subword model")
+        )
 
     src_sw = subword(p["src_subword"])
     tgt_sw = src_sw if vocab.shared else subword(p["tgt_subword"])

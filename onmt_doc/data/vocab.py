@@ -11,7 +11,7 @@ from collections import Counter
 from typing import Iterable, Sequence
 
 from onmt_doc.errors import DataError
-from onmt_doc.outputs import write_text
+from onmt_doc.outputs import input_problem, read_input_bytes, write_text
 
 PAD, UNK, SOS, EOS_SENT, BOS, EOS, MASK = "<pad>", "<unk>", "<s>", "</s>", "<bos>", "<eos>", "<mask>"
 SPECIALS = (PAD, UNK, SOS, EOS_SENT, BOS, EOS, MASK)
@@ -63,10 +63,19 @@ class Vocab:
         return "\n".join(self.itos) + "\n"
 
     @classmethod
-    def load(cls, path: str) -> "Vocab":
-        """Read a :meth:`save` file; a missing or malformed file is a ``DataError``, not a traceback."""
+    def load(cls, path: str, limit: int = 1 << 30) -> "Vocab":
+        """Read a :meth:`save` file (at most ``limit`` bytes); a missing, unreadable or malformed
+        file is a ``DataError`` naming it, not a traceback."""
+        problem = input_problem(path)
+        if problem:
+            raise DataError(f"{path}: {'vocabulary file not found' if problem == 'file not found' else problem}")
+        data = read_input_bytes(path, limit=limit, what="vocabulary")
         try:
-            with open(path, encoding="utf-8") as f:
-                return cls([line.rstrip("\n") for line in f if line.rstrip("\n")])
-        except FileNotFoundError:
-            raise DataError(f"{path}: vocabulary file not found") from None
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = data.count(b"\n", 0, e.start) + 1
+            raise DataError(f"{path}:{line}: invalid UTF-8; not a vocabulary (one token a line)") from None
+        try:
+            return cls([line for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n") if line])
+        except DataError as e:
+            raise DataError(f"{path}: {e}") from None

@@ -11,6 +11,8 @@ from collections import deque
 from itertools import chain
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
+from onmt_doc.devices import check_count
+
 R = TypeVar("R")
 
 _STATE: Any = None  # what a worker's ``make(payload)`` built: its tokenizer or codec
@@ -20,6 +22,11 @@ def default_workers() -> int:
     """``data.workers: 0``: min(4, CPU cores): preparation is a one-off pass and training may share
     the machine; more cores help little once reading the files is the bottleneck."""
     return min(4, os.cpu_count() or 1)
+
+
+def check_workers(workers: int) -> int:
+    """``data.workers`` as given, refused above a multiple of the cores (:func:`check_count`)."""
+    return check_count(workers, "data.workers")
 
 
 def _init(make: Callable[[Any], Any], payload: Any) -> None:
@@ -44,6 +51,7 @@ def ordered_map(
     or by ``workers`` processes, each with its own ``make(payload)`` (``fn`` and ``make`` are
     module-level, so they pickle), with at most two tasks each in flight so that memory holds a
     few chunks whatever the corpus. A corpus of one task starts no process."""
+    check_workers(workers)  # before any process starts, whatever the corpus' size
     it = iter(tasks)
     first = next(it, None)
     if first is None:

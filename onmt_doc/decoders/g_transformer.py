@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from onmt_doc import devices
 from onmt_doc.config import Config
 from onmt_doc.config.options import check_top_layers, option
 from onmt_doc.contracts import Batch, DecoderOut, DecoderState, EncoderOut, LengthLimit, PartContext
@@ -120,6 +121,7 @@ class GTransformerState(DecoderState):
     src_start: torch.Tensor  # [B, K+1] first source position of each sentence (source_spans)
     src_len: torch.Tensor  # [B, K+1] its length
     sent_capacity: int  # initial slots of a sentence cache: the longest sentence the caps allow, with markup
+    src_width: int  # the longest source sentence (the fused path's source block, read once per search)
     prefix_capacity: int  # initial slots of a global self-attention cache (the whole prefix; doubles when full)
     n_src: torch.Tensor  # [B] source sentences
     caps: torch.Tensor  # [B, K] word cap of each target sentence
@@ -332,6 +334,7 @@ class GTransformerDecoder(Decoder):
             src_start=src_start,
             src_len=src_len,
             sent_capacity=max(int(caps.max()), 0) + 3,  # <s>, the words, </s>; <eos>
+            src_width=max(int(src_len.max()), 1),
             prefix_capacity=PREFIX_CAPACITY,
             n_src=enc_out.groups.max(1).values,
             caps=caps,
@@ -366,7 +369,10 @@ class GTransformerDecoder(Decoder):
     def _step_masks(state: GTransformerState) -> _StepMasks:
         """The sentence-cache slots and source block of each row's query (eq. 8). The first step's
         ``<bos>`` (tag 0) is not restricted: it sees the whole source, as in the teacher-forced pass."""
-        width = int(state.sent_len.max())
+        # the fused (GPU) path masks the whole sentence cache and the longest source sentence rather
+        # than read the current widths from the device every step (sentences never outgrow the caches)
+        fused = devices.fused(state.tag.device)
+        width = state.sent_capacity if fused else int(state.sent_len.max())
         self_mask = (torch.arange(width, device=state.tag.device) < state.sent_len[:, None])[:, None, None, :]
         dtype = state.cross_kv[0][0].dtype
         keep = torch.ones_like(state.tag, dtype=torch.bool)[:, None]
@@ -375,7 +381,9 @@ class GTransformerDecoder(Decoder):
             has = state.memory_mask.any(-1, keepdim=True)
             mask = state.memory_mask | ~has
             return _StepMasks(keep, state.sent_len - 1, capacity, self_mask, None, mask, has.to(dtype))
-        positions, cross_mask, has = source_block(state.src_start, state.src_len, state.tag)
+        positions, cross_mask, has = source_block(
+            state.src_start, state.src_len, state.tag, state.src_width if fused else None
+        )
         return _StepMasks(keep, state.sent_len - 1, capacity, self_mask, positions, cross_mask, has.to(dtype))
 
     def constrain(self, log_probs: torch.Tensor, state: GTransformerState) -> torch.Tensor:

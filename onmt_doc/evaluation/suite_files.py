@@ -115,7 +115,8 @@ class _BoundedText:
 def detect_format(path: str) -> str:
     """The suite's format: ``tsv`` unless the first non-blank character is ``[`` or ``{``; a JSON
     suite is ``voita`` (items with ``dst`` and ``true_ind``), ``bawden`` (one object of numbered
-    blocks with ``src`` and ``trg`` or ``examples``) or else ``json``, judged by its first value.
+    blocks, each with ``src`` and ``trg`` (anaphora) or ``examples`` (lexical choice: the sources
+    are inside the examples)) or else ``json``, judged by its first value.
     ContraPro's JSON reads as ``json`` too (as do ContraPro-style suites such as the toy one); its
     per-candidate context files and its evaluate.py's categories need ``-format contrapro``."""
     with _open(path) as f:
@@ -131,7 +132,7 @@ def detect_format(path: str) -> str:
         if "dst" in first and "true_ind" in first:
             return "voita"
         if first and all(
-            isinstance(v, dict) and "src" in v and ("trg" in v or "examples" in v) for v in first.values()
+            isinstance(v, dict) and (("src" in v and "trg" in v) or "examples" in v) for v in first.values()
         ):
             return "bawden"
     return "json"

@@ -19,9 +19,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shutil
 import zipfile
-from typing import IO, Iterable, Iterator, Optional
+from typing import IO, Any, Iterable, Iterator, Optional
 
 import torch
 
@@ -150,37 +151,65 @@ def is_zip(path: str) -> bool:
         return f.read(4) == ZIP_MAGIC
 
 
-def verify_checkpoint(path: str) -> None:
-    """A one-line ``UserError`` naming ``path`` if any of its bytes differ from what was saved."""
-    if not is_zip(path):
+# what torch.load(weights_only=True) says when a pickle asks for more than tensors and plain data
+_REFUSED_GLOBAL = re.compile(r"(?:unsupported GLOBAL|Unsupported global: GLOBAL) ([\w.]+)")
+_REFUSED_OPERAND = re.compile(r"Unsupported operand (\d+)")
+
+
+def unpickling_refusal(e: BaseException) -> str:
+    """Why ``torch.load(weights_only=True)`` would not read a file, as one complete clause: torch's
+    own message is a paragraph whose first sentence suggests ``weights_only=False`` (running the
+    file's code), and cut to one line it ended mid-sentence."""
+    text = str(e)
+    m = _REFUSED_GLOBAL.search(text)
+    if m:
+        return f"its pickle asks for the Python object {m.group(1)}, and loading runs no code (tensors and plain data)"
+    m = _REFUSED_OPERAND.search(text)
+    if m:
+        return f"its pickle uses operation {m.group(1)}, which a file of tensors and plain data never needs"
+    if text.startswith("Weights only load failed"):
+        return "its pickle holds more than tensors and plain data, and loading runs no code"
+    return _reason(e)
+
+
+def read_torch_file(path: str, what: str, hint: str, safe_globals: Iterable[type] = ()) -> Any:
+    """A ``torch.save`` file's content, its records first checked against their CRC-32s, then
+    loaded with ``weights_only=True`` (plus ``safe_globals``); every failure one ``UserError``
+    naming ``path`` and ``what`` it should be. A file older than torch's zip format has nothing to check."""
+    problem = input_problem(path)
+    if problem:
+        raise UserError(f"{path}: {what} not found" if problem == "file not found" else f"{path}: {problem}")
+    if not os.path.isfile(path):
+        raise UserError(f"{path}: not a regular file (a device or a pipe); give the {what} file")
+    if os.path.getsize(path) == 0:
+        raise UserError(f"{path}: empty file; not a {what}")
+    try:
+        problem = archive_problem(path) if is_zip(path) else None
+        if problem:
+            raise UserError(f"{path}: damaged {what} ({problem}); {hint}")
+        with torch.serialization.safe_globals(list(safe_globals)):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except UserError:
+        raise
+    except OSError as e:
+        raise UserError(f"{path}: cannot read the {what} ({e.strerror or e})") from None
+    except Exception as e:  # intact bytes that are still no such file fail anywhere inside the unpickler
+        raise UserError(f"{path}: not a readable {what}: {unpickling_refusal(e)}") from None
+
+
+def load_checkpoint(path: str) -> dict:
+    """The checkpoint dict, verified (its CRC-32s) then loaded with ``weights_only``; a missing,
+    damaged or too-new file is a one-line ``UserError``."""
+    if input_problem(path) is None and os.path.isfile(path) and not is_zip(path):
         raise UserError(
             f"{path}: not an onmt_doc checkpoint (not a torch.save zip archive: another kind of file, "
             f"or its first bytes are damaged)"
         )
-    problem = archive_problem(path)
-    if problem:
-        raise UserError(f"{path}: damaged checkpoint ({problem}); {DAMAGED_HINT}")
-
-
-def load_checkpoint(path: str) -> dict:
-    """The checkpoint dict, verified (:func:`verify_checkpoint`) then loaded with ``weights_only``;
-    a missing, damaged or too-new file is a one-line ``UserError``."""
-    problem = input_problem(path)
-    if problem:
-        raise UserError(f"{path}: {'checkpoint not found' if problem == 'file not found' else problem}")
-    if not os.path.isfile(path):
-        raise UserError(f"{path}: not a regular file (a device or a pipe); give a checkpoint file")
-    try:
-        verify_checkpoint(path)
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except UserError:
-        raise
-    except OSError as e:
-        raise UserError(f"{path}: cannot read the checkpoint ({e.strerror or e})") from None
-    except Exception as e:  # intact bytes that are still no checkpoint fail anywhere inside the unpickler
-        raise UserError(f"{path}: not a readable onmt_doc checkpoint ({_reason(e)})") from None
+    ckpt = read_torch_file(path, "checkpoint", DAMAGED_HINT)
     if not isinstance(ckpt, dict) or "format_version" not in ckpt or "model" not in ckpt:
         raise UserError(f"{path}: not an onmt_doc checkpoint (no format_version/model entries)")
+    if isinstance(ckpt["format_version"], bool) or not isinstance(ckpt["format_version"], int):
+        raise UserError(f"{path}: not an onmt_doc checkpoint (format_version {ckpt['format_version']!r:.40})")
     if ckpt["format_version"] > FORMAT_VERSION:
         raise UserError(
             f"{path}: checkpoint format {ckpt['format_version']} is newer than this "

@@ -301,13 +301,16 @@ def source_spans(src_tags: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tens
     return start.masked_fill(length.eq(0), 0), length
 
 
-def source_block(start: torch.Tensor, length: torch.Tensor, tag: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def source_block(
+    start: torch.Tensor, length: torch.Tensor, tag: torch.Tensor, width: Optional[int] = None
+) -> tuple[torch.Tensor, ...]:
     """Each row's aligned source sentence as a block of W slots, W the longest of these sentences
-    (not of the whole source: a step reads only what its rows need): the source positions [B, W],
+    (not of the whole source: a step reads only what its rows need), or ``width`` when given (the
+    fused path: the batch's longest source sentence, known without a device read): the source positions [B, W],
     the attention mask [B, 1, 1, W] and whether the sentence exists [B, 1, 1, 1] (without one, e.g.
     at a tag-0 query, every slot is allowed and the output is zeroed, as in :func:`plan_cross`)."""
     first, n = start.gather(1, tag[:, None]), length.gather(1, tag[:, None])
-    slots = torch.arange(max(int(n.max()), 1), device=tag.device)
+    slots = torch.arange(width if width is not None else max(int(n.max()), 1), device=tag.device)
     valid, has = slots < n, n.gt(0)
     mask = (valid | ~has)[:, None, None, :]
     return first + slots, mask, has[:, :, None, None]

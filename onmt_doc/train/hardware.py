@@ -14,6 +14,7 @@ from typing import ContextManager, Optional
 import torch
 
 from onmt_doc.config import Config
+from onmt_doc.devices import check_count, cpu_cores
 from onmt_doc.train.distributed import DistContext
 
 log = logging.getLogger("onmt_doc")
@@ -34,18 +35,14 @@ def set_threads(cfg: Config, ctx: DistContext) -> None:
     if ctx.device.type != "cpu":
         return
     if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
+        torch.set_num_threads(check_count(cfg.train.threads, "train.threads"))
         return
     if ctx.local_world == 1 and os.environ.get("OMP_NUM_THREADS", "").isdigit():
         # a single process respects the usual variable (several jobs sharing a machine); under
         # torchrun it is set to 1 for every process by default, so there the cores are shared out
         torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
         return
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - non-Linux
-        cores = os.cpu_count() or 1
-    torch.set_num_threads(max(1, cores // max(1, ctx.local_world)))
+    torch.set_num_threads(max(1, cpu_cores() // max(1, ctx.local_world)))
 
 
 def amp_dtype(amp: str, device: torch.device) -> Optional[torch.dtype]:

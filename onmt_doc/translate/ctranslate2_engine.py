@@ -32,7 +32,6 @@ length for ``avg``; none for ``none``), so only the texts compare with onmt_doc'
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
@@ -45,8 +44,11 @@ from onmt_doc.data.instances import Example, split_sentences, unit_class
 from onmt_doc.data.tokenizer import Subword
 from onmt_doc.data.vocab import BOS, EOS, EOS_SENT, EOS_SENT_ID, MASK, PAD, SOS, SOS_ID, Vocab
 from onmt_doc.errors import ConfigError, DataError, UserError
+from onmt_doc.outputs import parse_json, read_input_bytes
 from onmt_doc.translate.search import Hypothesis
 from onmt_doc.translate.translator import ENGINES, EXPORT_INFO, Forced, Translator, translator_options
+
+EXPORT_JSON_BYTES = 1 << 30  # the largest file of an export read (vocabularies, subword models)
 
 INFO_FILE = EXPORT_INFO
 REGISTRY = ENGINES  # what registry_for("engine") reads: torch (translator.py) and ctranslate2 (here)
@@ -108,13 +110,8 @@ def target_words(tokens: Sequence[str]) -> list[str]:
 
 
 def _read_json(path: str) -> Any:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise UserError(f"{path}: not found") from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise UserError(f"{path}: cannot read it as JSON ({getattr(e, 'strerror', None) or e})") from None
+    """An export's JSON file: bounded in size and depth, every problem one line naming it."""
+    return parse_json(read_input_bytes(path, limit=EXPORT_JSON_BYTES, what="JSON file"), path)
 
 
 def _vocabulary(folder: str, side: str) -> Vocab:
@@ -126,8 +123,12 @@ def _vocabulary(folder: str, side: str) -> Vocab:
             break
         path = os.path.join(folder, f"{name}.txt")
         if os.path.isfile(path):
-            with open(path, encoding="utf-8") as f:
-                tokens = [line.rstrip("\n") for line in f]
+            data = read_input_bytes(path, limit=EXPORT_JSON_BYTES, what="vocabulary")
+            try:
+                tokens = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n").split("\n")
+            except UnicodeDecodeError as e:
+                raise UserError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+            tokens = tokens[:-1] if tokens and not tokens[-1] else tokens
             break
     else:
         raise UserError(f"{folder}: no {side} vocabulary (shared_vocabulary.json or {side}_vocabulary.json)")
@@ -146,11 +147,7 @@ def _subword(folder: str, settings: Mapping[str, Any]) -> Subword:
     model = None
     if settings.get("subword_model"):
         path = os.path.join(folder, settings["subword_model"])
-        try:
-            with open(path, "rb") as f:
-                model = f.read()
-        except OSError as e:
-            raise UserError(f"{path}: cannot read the subword model ({e.strerror or e})") from None
+        model = read_input_bytes(path, limit=EXPORT_JSON_BYTES, what="subword model")
     return Subword(settings["kind"], mode, model, settings.get("suffix", ()))  # suffix: a Marian import's </s>
 
 

@@ -578,11 +578,17 @@ class Translator:
         translated with the document's earlier lines and their translations as its context (the
         model's own window of it, as :meth:`nbest`'s ``context``); a blank line ends the document
         (written as a blank line). Yields each output line: the n-best texts joined with a tab."""
+        if isinstance(lines, (str, bytes)) or not isinstance(lines, Iterable):
+            raise UserError(f"lines: expected an iterable of lines (str), got {type(lines).__name__}")
         self.model.eval()
         self.stats = TranslationStats()
         context: list[tuple[str, str]] = []  # the current document's lines and their best translations
         most, in_document = self._context_limit(), False
-        for line in lines:
+        for number, line in enumerate(lines):
+            if not isinstance(line, str):
+                raise UserError(f"lines[{number}]: expected a line (str), got {type(line).__name__}")
+            if line.strip():  # a sentence, checked as translate's are (a blank line ends the document)
+                check_sentence(line, f"lines[{number}]")
             if not line.strip():
                 self.stats.documents += in_document
                 context, in_document = [], False
