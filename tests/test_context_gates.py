@@ -167,11 +167,18 @@ def test_z_star_cache_is_named_by_its_normaliser_and_a_damaged_one_is_recomputed
     assert examples("per_scenario") == [[0, 1, 1, 0], [0, 1, 0]]
     cached = sorted(tmp_path.glob("zstar-*.i8"))
     assert len(cached) == 2
+    written = {path: path.read_bytes() for path in cached}
+    assert all(len(b) == 3 + 4 for b in written.values())  # 3 target tokens and their CRC-32
     for path in cached:  # a cut file (an interrupted copy): recomputed, not misread
         path.write_bytes(b"\x01")
     assert examples("shared") == [[0, 1, 0, 0], [0, 1, 0]]
     assert examples("per_scenario") == [[0, 1, 1, 0], [0, 1, 0]]
-    assert all(path.stat().st_size == 3 for path in cached)
+    assert {path: path.read_bytes() for path in cached} == written
+    for path in cached:  # a flipped value, the size unchanged: the CRC-32 tells
+        path.write_bytes(bytes([written[path][0] ^ 1]) + written[path][1:])
+    assert examples("shared") == [[0, 1, 0, 0], [0, 1, 0]]
+    assert examples("per_scenario") == [[0, 1, 1, 0], [0, 1, 0]]
+    assert {path: path.read_bytes() for path in cached} == written
 
 
 def test_table_round_trip_and_vocabulary_check(toy_dir, tmp_path):
@@ -344,7 +351,7 @@ def test_z_star_rides_on_batches_aligned_with_tgt_out(tmp_path):
     assert batch.tgt_out[2].tolist()[-2:] == [EOS_ID, PAD_ID]
     assert all(torch.equal(batch.extra[k], make_batch(examples, np.arange(3)).extra[k]) for k in batch.extra)
     cached = list(tmp_path.glob("zstar-*.i8"))
-    assert len(cached) == 1 and cached[0].stat().st_size == len(corpus.tgt)
+    assert len(cached) == 1 and cached[0].stat().st_size == len(corpus.tgt) + 4  # the values and their CRC-32
     in_memory = MappedCorpus.from_documents(docs)  # no folder: computed, not cached
     again = MappedExamples(in_memory, "sentence", UnitOptions(), z_star_fields(table, in_memory))
     assert all(np.array_equal(a.extra["z_star"], b.extra["z_star"]) for a, b in zip(examples, again))

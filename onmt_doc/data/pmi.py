@@ -33,6 +33,8 @@ import hashlib
 import json
 import logging
 import os
+import struct
+import zlib
 from dataclasses import dataclass
 from itertools import islice
 from typing import TYPE_CHECKING, Iterable, Iterator, Literal, Optional, Protocol, Sequence
@@ -439,21 +441,43 @@ def corpus_z_star(table: PMITable, corpus: MappedCorpus, chunk: int = 2048) -> n
     """z* of every target token of ``corpus`` (int8, aligned with its target ids: each sentence is
     its own pair (x, y_<i), even inside a document), computed ``chunk`` sentences at a time.
     A corpus with a cache folder keeps it there, beside the ids, as ``zstar-<table digest>.i8``
-    (the digest covers the counts and the normaliser), read back memory-mapped: a batch reads
-    its tokens' z* like their ids, and nothing of it stays in a process's private memory."""
+    (the digest covers the counts and the normaliser; the file ends with the CRC-32 of its values,
+    checked on every open like the ids', docs/reliability.md), read back memory-mapped: a batch
+    reads its tokens' z* like their ids, and nothing of it stays in a process's private memory."""
     path = os.path.join(corpus.folder, f"zstar-{table.digest()[:24]}.i8") if corpus.folder else None
+    n = len(corpus.tgt)
     if path and os.path.exists(path):
-        if os.path.getsize(path) == len(corpus.tgt):
-            return _read_mapped(path, len(corpus.tgt))
-        log.warning("%s: a damaged z* cache (%d bytes for %d tokens); computing z* again", path,
-                    os.path.getsize(path), len(corpus.tgt))  # fmt: skip
+        problem = _z_star_file_problem(path, n)
+        if problem is None:
+            return _read_mapped(path, n)
+        log.warning("%s: %s; computing z* again", path, problem)
     parts = _corpus_chunks(table, corpus, chunk)
     if not path:
         return np.concatenate([np.zeros(0, np.int8), *parts])
+    crc = 0
     with output_file(path, flag="", binary=True) as f:
         for z in parts:
             f.write(z.tobytes())
-    return _read_mapped(path, len(corpus.tgt))
+            crc = zlib.crc32(z.tobytes(), crc)
+        f.write(struct.pack("<I", crc))
+    return _read_mapped(path, n)
+
+
+def _z_star_file_problem(path: str, n: int) -> Optional[str]:
+    """Why the z* cache at ``path`` is not the ``n`` values written with their CRC-32 (None: it is),
+    in one sequential read of blocks (never mapped: the check leaves nothing resident)."""
+    size = os.path.getsize(path)
+    if size != n + 4:
+        return f"a damaged z* cache ({size} bytes for {n} tokens and a CRC-32)"
+    crc, left = 0, n
+    with open(path, "rb") as f:
+        while left:
+            block = f.read(min(left, 1 << 24))
+            if not block:
+                return "a damaged z* cache (cut while read)"
+            crc, left = zlib.crc32(block, crc), left - len(block)
+        (recorded,) = struct.unpack("<I", f.read(4))
+    return None if crc == recorded else "a damaged z* cache (CRC-32 mismatch: its bytes changed since written)"
 
 
 def _corpus_chunks(table: PMITable, corpus: MappedCorpus, chunk: int) -> Iterator[np.ndarray]:
@@ -466,7 +490,8 @@ def _corpus_chunks(table: PMITable, corpus: MappedCorpus, chunk: int) -> Iterato
 
 
 def _read_mapped(path: str, n: int) -> np.ndarray:
-    """A cached int8 array of ``n`` values, memory-mapped read-only."""
+    """The first ``n`` int8 values of a cached file, memory-mapped read-only (the CRC-32 after them
+    is not part of the array)."""
     return np.memmap(path, dtype=np.int8, mode="r", shape=(n,)) if n else np.zeros(0, np.int8)
 
 
