@@ -14,7 +14,7 @@ DEFAULT_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 
 def default_out(name: str, smoke: bool, parent: Optional[str] = None) -> str:
     """``runs/bench/<spec>[-smoke]``, or ``<parent>/<spec>`` when several specs run at once."""
-    from benchmarks.suite.spec import REPO
+    from benchmarks.suite.system import REPO
 
     return os.path.join(
         parent or os.path.join(REPO, "runs", "bench"), name + ("-smoke" if smoke and not parent else "")
@@ -69,7 +69,8 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
 
     from benchmarks.suite import report
-    from benchmarks.suite.spec import REPO, all_specs, load_spec
+    from benchmarks.suite.spec import all_specs, load_spec
+    from benchmarks.suite.system import REPO
 
     try:
         if args.command == "list":

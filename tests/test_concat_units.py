@@ -12,7 +12,8 @@ from model_helpers import assert_forced_scores_keep_breaks
 
 from onmt_doc.config import config_from_dict
 from onmt_doc.data.batching import collate
-from onmt_doc.data.instances import UNITS, build_instances, markup_sentences, split_sentences
+from onmt_doc.data.instances import UNITS, markup_sentences, split_sentences
+from onmt_doc.data.mapped import build_instances
 from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, SOS_ID
 from onmt_doc.errors import ConfigError
 from onmt_doc.models.checkpoint import load_model

@@ -20,10 +20,19 @@ from test_decoding import SIZES, assert_stepwise_matches
 
 from onmt_doc.bin.common import run as run_command
 from onmt_doc.config import config_from_dict
-from onmt_doc.data.batching import collate
+from onmt_doc.data.batching import collate, make_batch
 from onmt_doc.data.example_fields import FieldContext, build_field
-from onmt_doc.data.instances import Example, mark_sentence
-from onmt_doc.data.pmi import PairCounts, PMITable, attach_z_star, build_table, count_table, z_star, z_star_share
+from onmt_doc.data.instances import Example, UnitOptions, mark_sentence
+from onmt_doc.data.mapped import MappedCorpus, MappedExamples, open_mapped, write_mapped
+from onmt_doc.data.pmi import (
+    PairCounts,
+    PMITable,
+    build_table,
+    count_table,
+    z_star,
+    z_star_fields,
+    z_star_share,
+)
 from onmt_doc.data.prepare import build_codec
 from onmt_doc.data.vocab import EOS_ID, PAD_ID
 from onmt_doc.errors import ConfigError, UserError
@@ -143,26 +152,33 @@ def test_one_normaliser_cancels_and_per_scenario_favours_the_source():
     assert z_star_share(shared, iter(SPLIT)) == (2, 3) and z_star_share(per_scenario, iter(SPLIT)) == (3, 3)
 
 
-def test_z_star_cache_records_its_normaliser(tmp_path):
-    """z* cached under one normaliser is never read back under the other, and a cache that
-    records no normaliser (written before it was a choice) is recomputed, not trusted."""
-    docs = [[pair] for pair in SPLIT]
+def test_z_star_cache_is_named_by_its_normaliser_and_a_damaged_one_is_recomputed(tmp_path):
+    """z* cached in a corpus's folder under one normaliser is never read back under the other (the
+    file is named by the table's digest, which covers it), and a cut file is computed again."""
+    write_mapped(str(tmp_path), [[pair] for pair in SPLIT])
+    corpus = open_mapped(str(tmp_path))
 
-    def attached(normaliser: str) -> list[list[int]]:
+    def examples(normaliser: str) -> list[list[int]]:
         table = count_table(iter(SPLIT), src_size=4, tgt_size=7, normaliser=normaliser)
-        examples = [Example(mark_sentence(s), mark_sentence(t), d, 0, 1) for d, (s, t) in enumerate(SPLIT)]
-        attach_z_star(examples, docs, table, str(tmp_path))
-        return [e.extra["z_star"].tolist() for e in examples]
+        mapped = MappedExamples(corpus, "sentence", UnitOptions(), z_star_fields(table, corpus))
+        return [e.extra["z_star"].tolist() for e in mapped]
 
-    assert attached("shared") == [[0, 1, 0, 0], [0, 1, 0]]
-    assert attached("per_scenario") == [[0, 1, 1, 0], [0, 1, 0]]
-    assert len(list(tmp_path.glob("zstar-*.npz"))) == 2
-    for path in tmp_path.glob("zstar-*.npz"):  # an old-style file: no normaliser, wrong labels
-        with np.load(path) as f:
-            lengths = f["lengths"]
-        np.savez(path, z=np.ones(int(lengths.sum()), np.int8), lengths=lengths)
-    assert attached("shared") == [[0, 1, 0, 0], [0, 1, 0]]
-    assert attached("per_scenario") == [[0, 1, 1, 0], [0, 1, 0]]
+    assert examples("shared") == [[0, 1, 0, 0], [0, 1, 0]]
+    assert examples("per_scenario") == [[0, 1, 1, 0], [0, 1, 0]]
+    cached = sorted(tmp_path.glob("zstar-*.i8"))
+    assert len(cached) == 2
+    written = {path: path.read_bytes() for path in cached}
+    assert all(len(b) == 3 + 4 for b in written.values())  # 3 target tokens and their CRC-32
+    for path in cached:  # a cut file (an interrupted copy): recomputed, not misread
+        path.write_bytes(b"\x01")
+    assert examples("shared") == [[0, 1, 0, 0], [0, 1, 0]]
+    assert examples("per_scenario") == [[0, 1, 1, 0], [0, 1, 0]]
+    assert {path: path.read_bytes() for path in cached} == written
+    for path in cached:  # a flipped value, the size unchanged: the CRC-32 tells
+        path.write_bytes(bytes([written[path][0] ^ 1]) + written[path][1:])
+    assert examples("shared") == [[0, 1, 0, 0], [0, 1, 0]]
+    assert examples("per_scenario") == [[0, 1, 1, 0], [0, 1, 0]]
+    assert {path: path.read_bytes() for path in cached} == written
 
 
 def test_table_round_trip_and_vocabulary_check(toy_dir, tmp_path):
@@ -325,28 +341,26 @@ def test_hinge_regularises_the_chosen_layers(tmp_path, layers, want):
 def test_z_star_rides_on_batches_aligned_with_tgt_out(tmp_path):
     table = hand_table()
     docs = [[(s, t) for s, t in HAND[:2]], [HAND[2]]]
-    examples = [
-        Example(mark_sentence(s), mark_sentence(t), d, i, 1)
-        for d, doc in enumerate(docs)
-        for i, (s, t) in enumerate(doc)
-    ]
-    attach_z_star(examples, docs, table, str(tmp_path))
-    batch = collate(examples)
+    write_mapped(str(tmp_path), docs)
+    corpus = open_mapped(str(tmp_path))
+    examples = MappedExamples(corpus, "sentence", UnitOptions(), z_star_fields(table, corpus))
+    batch = collate(list(examples))
     # tgt_out: <s> y1 y2 </s> <eos>; only the words are supervised (z* of the hand example)
     assert batch.extra["z_star"].tolist() == [[0, 1, 0, 0, 0], [0, 1, 0, 0, 0], [0, 1, 0, 0, 0]]
     assert batch.extra["z_star_mask"].tolist() == [[0, 1, 1, 0, 0], [0, 1, 1, 0, 0], [0, 1, 0, 0, 0]]
     assert batch.tgt_out[2].tolist()[-2:] == [EOS_ID, PAD_ID]
-    cached = list(tmp_path.glob("zstar-*.npz"))
-    assert len(cached) == 1
-    again = [Example(e.src, e.tgt, e.doc, e.first, 1) for e in examples]
-    attach_z_star(again, docs, table, str(tmp_path))  # read from the cache
+    assert all(torch.equal(batch.extra[k], make_batch(examples, np.arange(3)).extra[k]) for k in batch.extra)
+    cached = list(tmp_path.glob("zstar-*.i8"))
+    assert len(cached) == 1 and cached[0].stat().st_size == len(corpus.tgt) + 4  # the values and their CRC-32
+    in_memory = MappedCorpus.from_documents(docs)  # no folder: computed, not cached
+    again = MappedExamples(in_memory, "sentence", UnitOptions(), z_star_fields(table, in_memory))
     assert all(np.array_equal(a.extra["z_star"], b.extra["z_star"]) for a, b in zip(examples, again))
 
 
 def test_z_star_is_a_data_field_cached_with_the_binarized_data(toy_dir, tmp_path):
     """The loss only declares the z_star field; the data pipeline attaches it to the training
-    examples (not to validation: the loss is training-only) and caches it in data.cache_dir
-    beside the binarized corpus. A field nobody provides is refused by name."""
+    examples (not to validation: the loss is training-only) and caches it in data.cache_dir, in
+    the binarized training corpus's folder beside its ids. A field nobody provides is refused by name."""
     cache = tmp_path / "cache"
     cfg = tiny_config(toy_dir, tmp_path / "run", data={"cache_dir": str(cache)})
     cfg["model"]["decoder"] = {"type": "gated_transformer", "layers": 1, "heads": 4, "ff": 64}
@@ -360,9 +374,45 @@ def test_z_star_is_a_data_field_cached_with_the_binarized_data(toy_dir, tmp_path
     assert all(len(e.extra["z_star"]) == len(e.tgt) for e in trainer.train_examples)
     assert sum(int(e.extra["z_star_mask"].sum()) for e in trainer.train_examples) > 0
     assert trainer.valid_examples and all("z_star" not in e.extra for e in trainer.valid_examples)
-    assert len(list(cache.glob("zstar-*.npz"))) == 1 and len(list(cache.glob("*/meta.json"))) == 2  # train, valid
+    assert len(list(cache.glob("*/meta.json"))) == 2  # train, valid
+    assert len(list(cache.glob("*/zstar-*.i8"))) == 1  # beside the training corpus's ids
     with pytest.raises(ValueError, match="no provider for field 'z_star_typo'"):
         build_field("z_star_typo", trainer.losses[1].cfg, FieldContext(codec))
+
+
+def test_the_gate_hinge_trains_from_the_mapped_cache_with_each_examples_z_star(toy_dir, tmp_path):
+    """pmi_gate_hinge needs no list of Examples: the training examples stay index arrays over the
+    binarized cache (a k_to_k run: targets of two sentences; max_len drops windows), and every
+    batch carries, aligned with tgt_out, the z* that eq. 7 gives each of its target sentences
+    (computed here with ``z_star`` on the corpus's sentences), 0 at the markup, <eos> and padding."""
+    cfg = tiny_config(toy_dir, tmp_path / "run", train={"max_steps": 2}, data={"max_len": 12, "context_sentences": 1})
+    cfg["model"]["decoder"] = {"type": "gated_transformer", "layers": 1, "heads": 4, "ff": 64}
+    cfg["model"]["unit"] = "k_to_k"
+    cfg["loss"] = [{"type": "label_smoothed_ce"}, {"type": "pmi_gate_hinge", "table": str(tmp_path / "pmi.npz")}]
+    sections = config_from_dict(cfg)
+    codec = build_codec(sections.data, sections.vocab, str(tmp_path / "run"))
+    table = build_table(str(toy_dir / "train.src"), str(toy_dir / "train.tgt"), codec)
+    table.save(str(tmp_path / "pmi.npz"))
+    trainer = Trainer(config_from_dict(cfg), distributed.init_distributed("cpu"))
+    examples = trainer.train_examples
+    assert isinstance(examples, MappedExamples) and examples.dropped > 0
+    docs = examples.corpus.documents()
+    z = [z_star(table, [s for s, _ in doc], [t for _, t in doc]) for doc in docs]
+
+    def expected(e: Example) -> Example:  # the example with eq. 7's labels of its target sentences
+        parts = z[e.doc][e.first : e.first + e.n_sents]
+        z_e = np.concatenate([np.r_[0, x, 0] for x in parts]).astype(np.int8)
+        mask = np.concatenate([np.r_[0, np.ones(len(x), np.int8), 0] for x in parts]).astype(np.int8)
+        return Example(e.src, e.tgt, e.doc, e.first, e.n_sents, {"z_star": z_e, "z_star_mask": mask})
+
+    assert any(e.n_sents == 2 for e in examples)
+    for idx in trainer.sampler.epoch_batches(0)[:8]:
+        batch, reference = make_batch(examples, idx), collate([expected(examples[i]) for i in idx], idx)
+        assert batch.tgt_out.equal(reference.tgt_out)
+        for key in ("z_star", "z_star_mask"):
+            assert batch.extra[key].equal(reference.extra[key]), key
+    trainer.train()
+    assert trainer.step == 2
 
 
 # ----------------------------------------------------------------------------- training

@@ -9,7 +9,8 @@ from model_helpers import toy_codec
 from onmt_doc.data.batching import BatchSampler, collate, group_tags
 from onmt_doc.data.cache import load_tokenized
 from onmt_doc.data.corpus import iter_parallel, read_parallel
-from onmt_doc.data.instances import Example, document_instances, mark_sentence, sentence_instances
+from onmt_doc.data.instances import Example, mark_sentence
+from onmt_doc.data.mapped import build_instances
 from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, PAD_ID, SOS_ID
 from onmt_doc.errors import DataError
 
@@ -64,7 +65,7 @@ def _docs(lengths):
 
 def test_document_instances_respect_budget_and_documents():
     docs = _docs([[3, 4, 5, 2, 9], [30], [1, 1]])
-    inst = document_instances(docs, max_tokens=20)
+    inst, _ = build_instances("document", docs, max_tokens=20)
     for ex in inst:
         sents = docs[ex.doc][ex.first : ex.first + ex.n_sents]
         assert len(ex.src) == sum(len(s) + 2 for s, _ in sents)
@@ -78,9 +79,9 @@ def test_document_instances_respect_budget_and_documents():
 
 def test_sentence_instances_length_filter_counts_drops():
     docs = _docs([[3, 40, 5], [50]])
-    inst, dropped = sentence_instances(docs, max_len=30)
+    inst, dropped = build_instances("sentence", docs, max_len=30)
     assert dropped == 2 and len(inst) == 2
-    inst, dropped = sentence_instances(docs)
+    inst, dropped = build_instances("sentence", docs)
     assert dropped == 0 and len(inst) == 4
 
 

@@ -15,7 +15,7 @@ from conftest import module_cmd, run_cli, tiny_config
 from onmt_doc.config import config_from_dict, config_to_dict
 from onmt_doc.data.batching import collate
 from onmt_doc.data.codec import Codec
-from onmt_doc.data.instances import sentence_instances
+from onmt_doc.data.mapped import build_instances
 from onmt_doc.data.tokenizer import Subword
 from onmt_doc.data.vocab import EOS, EOS_ID, EOS_SENT, EOS_SENT_ID, SOS, SOS_ID, SPECIALS, Vocab
 from onmt_doc.models.builder import build_model
@@ -87,7 +87,7 @@ def test_greedy_and_scores_match(exported, toy_dir):
 
     lines = _test_lines(toy_dir)
     ids = codec.encode(lines, "src")
-    examples, _ = sentence_instances([[(s, None) for s in ids]])
+    examples, _ = build_instances("sentence", [[(s, None) for s in ids]])
     hyps = GreedySearch().search(model, collate(examples))
     ours = [codec.tgt_vocab.tokens(h[0].tokens) for h in hyps]
     assert sum(len(t) for t in ours) > 4 * len(ours)  # the model translates (not empty outputs)
@@ -103,7 +103,7 @@ def test_greedy_and_scores_match(exported, toy_dir):
     # forced decoding of our outputs: every token's log-probability, <eos> included
     targets = [t[1:-1] for t in ours]
     tgt_ids = [np.array(codec.tgt_vocab.ids(t)) for t in targets]
-    examples, _ = sentence_instances([[(s, t) for s, t in zip(ids, tgt_ids)]])
+    examples, _ = build_instances("sentence", [[(s, t) for s, t in zip(ids, tgt_ids)]])
     batch = collate(examples)
     with torch.no_grad():
         lp = full_log_probs(model, batch).gather(2, batch.tgt_out[..., None]).squeeze(2)
@@ -153,7 +153,7 @@ def test_no_empty_sentence_rule(tmp_path):
     with torch.no_grad():
         model.generator.bias[EOS_SENT_ID] = 50.0
     src = [np.array(codec.src_vocab.ids(["w1", "w2"]))]
-    examples, _ = sentence_instances([[(s, None) for s in src]])
+    examples, _ = build_instances("sentence", [[(s, None) for s in src]])
     ours = codec.tgt_vocab.tokens(GreedySearch().search(model, collate(examples))[0][0].tokens)
     assert len(ours) == 3 and ours[0] == "<s>" and ours[2] == "</s>"
     spec = build_spec(model, codec, 64)
@@ -204,7 +204,7 @@ def test_markup_free_model_exports(tmp_path):
     rng = np.random.default_rng(0)
     words = [[f"w{i}" for i in rng.integers(0, 20, 5)] for _ in range(12)]  # one length: one cap (8 tokens)
     ids = [np.array(codec.src_vocab.ids(w)) for w in words]
-    examples, _ = sentence_instances([[(s, None) for s in ids]], markup=False)
+    examples, _ = build_instances("sentence", [[(s, None) for s in ids]], sentence_markup=False)
     hyps = GreedySearch(max_len_ratio=1.0, max_len_add=3).search(model, collate(examples), markup=False)
     ours = [codec.tgt_vocab.tokens(h[0].tokens) for h in hyps]
     assert all(ours) and not {SOS, EOS_SENT} & {t for o in ours for t in o}
@@ -216,7 +216,7 @@ def test_markup_free_model_exports(tmp_path):
     assert [r.hypotheses[0] for r in res] == ours
 
     targets = [np.array(codec.tgt_vocab.ids(o)) for o in ours]
-    examples, _ = sentence_instances([[(s, t) for s, t in zip(ids, targets)]], markup=False)
+    examples, _ = build_instances("sentence", [[(s, t) for s, t in zip(ids, targets)]], sentence_markup=False)
     batch = collate(examples)
     with torch.no_grad():
         lp = full_log_probs(model, batch).gather(2, batch.tgt_out[..., None]).squeeze(2)

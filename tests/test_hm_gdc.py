@@ -13,7 +13,7 @@ from test_decoding import assert_stepwise_matches
 
 from onmt_doc.config import config_from_dict
 from onmt_doc.data.batching import collate, example_lengths, ordered_batches, token_batches
-from onmt_doc.data.instances import context_instances
+from onmt_doc.data.mapped import build_instances
 from onmt_doc.data.vocab import PAD_ID, SPECIALS
 from onmt_doc.encoders.hierarchical import own_sentence_context
 from onmt_doc.errors import ConfigError
@@ -68,7 +68,7 @@ def random_docs(sizes, seed=0):
 
 
 def context_batch(docs, max_sentences=0):
-    examples, _ = context_instances(docs, max_sentences)
+    examples, _ = build_instances("context", docs, max_sentences=max_sentences)
     return collate(examples, np.arange(len(examples)))
 
 
@@ -84,7 +84,7 @@ def sentence_log_probs(model, batch) -> list[torch.Tensor]:
 
 def test_context_instances_are_windows_of_whole_sentences():
     docs = random_docs([5, 2, 1])
-    examples, dropped = context_instances(docs, max_sentences=2)
+    examples, dropped = build_instances("context", docs, max_sentences=2)
     assert dropped == 0
     assert [(e.doc, e.first, e.n_sents) for e in examples] == [(0, 0, 2), (0, 2, 2), (0, 4, 1), (1, 0, 2), (2, 0, 1)]
     batch = collate(examples, np.arange(len(examples)))
@@ -94,21 +94,21 @@ def test_context_instances_are_windows_of_whole_sentences():
         src, tgt = docs[d][j]
         assert batch.src[row][batch.src[row].ne(PAD_ID)].tolist()[1:-1] == src.tolist()
         assert batch.tgt_out[row][batch.tgt_out[row].ne(PAD_ID)].tolist()[1:-2] == tgt.tolist()
-    whole, _ = context_instances(docs)
+    whole, _ = build_instances("context", docs)
     assert [e.n_sents for e in whole] == [5, 2, 1]
 
 
 def test_context_windows_with_a_long_pair_are_dropped_whole_and_counted():
     docs = random_docs([4])
     docs[0][1] = (np.arange(len(SPECIALS), len(SPECIALS) + 30), docs[0][1][1])
-    examples, dropped = context_instances(docs, max_sentences=2, max_len=20)
+    examples, dropped = build_instances("context", docs, max_sentences=2, max_len=20)
     assert dropped == 2 and [(e.first, e.n_sents) for e in examples] == [(2, 2)]
 
 
 def test_context_batches_count_the_real_length_of_every_sentence_row_against_the_budget():
     """The model computes rows in length buckets, so the budget bounds the rows' summed real
     lengths (max of source and target with <bos>/<eos>), not rows x the longest row."""
-    examples, _ = context_instances(random_docs([6, 3, 3, 1, 1, 6, 2], seed=1))
+    examples, _ = build_instances("context", random_docs([6, 3, 3, 1, 1, 6, 2], seed=1))
     lengths = example_lengths(examples)
     budget = 60
     batches = token_batches(lengths.sort_order(), lengths, budget)

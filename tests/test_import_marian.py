@@ -27,7 +27,7 @@ spm = pytest.importorskip("sentencepiece", reason="tiny SentencePiece models are
 
 from onmt_doc.convert.marian import import_marian  # noqa: E402
 from onmt_doc.data.batching import collate  # noqa: E402
-from onmt_doc.data.instances import sentence_instances  # noqa: E402
+from onmt_doc.data.mapped import build_instances  # noqa: E402
 from onmt_doc.errors import UserError  # noqa: E402
 from onmt_doc.models.checkpoint import load_model  # noqa: E402
 from onmt_doc.models.model import full_log_probs  # noqa: E402
@@ -159,7 +159,7 @@ def test_forced_decoding_matches_transformers(tmp_path, variant):
     itos = codec.tgt_vocab.itos
     for text, ids in zip(SRC_TEXT, src_ids):  # the model's own segmentation, raw text in
         assert _marian_ids(tok, itos, ids) == tok(text)["input_ids"]
-    examples, _ = sentence_instances([list(zip(src_ids, tgt_ids))], markup=False)
+    examples, _ = build_instances("sentence", [list(zip(src_ids, tgt_ids))], sentence_markup=False)
     with torch.no_grad():
         ours = full_log_probs(model, collate(examples))  # a padded batch: masks exercised
     checked = 0
@@ -224,7 +224,7 @@ def test_ctranslate2_export_gives_the_same_tokens(marian, tmp_path):
     # and the same numbers: CTranslate2's log-probabilities of the reference targets are ours (float32)
     model, _, codec = load_model(str(out))
     src_ids, tgt_ids = codec.encode(SRC_TEXT, "src"), codec.encode(TGT_TEXT, "tgt")
-    examples, _ = sentence_instances([list(zip(src_ids, tgt_ids))], markup=False)
+    examples, _ = build_instances("sentence", [list(zip(src_ids, tgt_ids))], sentence_markup=False)
     with torch.no_grad():
         lp = full_log_probs(model, collate(examples))
     itos = codec.tgt_vocab.itos

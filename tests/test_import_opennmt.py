@@ -20,7 +20,7 @@ from conftest import module_cmd, run_cli
 from onmt_doc.config import config_from_dict
 from onmt_doc.convert.opennmt import import_opennmt
 from onmt_doc.data.batching import collate
-from onmt_doc.data.instances import sentence_instances
+from onmt_doc.data.mapped import build_instances
 from onmt_doc.errors import ConfigError, UserError
 from onmt_doc.models.checkpoint import load_model
 from onmt_doc.models.model import full_log_probs
@@ -204,7 +204,7 @@ def test_forced_decoding_matches_reference(tmp_path, shared, tied, qkv_bias):
 
     pairs = _sentences(6, seed=1)
     ids = [(np.array(codec.src_vocab.ids(s)), np.array(codec.tgt_vocab.ids(t))) for s, t in pairs]
-    examples, _ = sentence_instances([ids], markup=False)
+    examples, _ = build_instances("sentence", [ids], sentence_markup=False)
     batch = collate(examples)  # padded batch of 6: our masks are exercised too
     with torch.no_grad():
         ours = full_log_probs(model, batch)
@@ -239,7 +239,7 @@ def test_forced_decoding_with_markup(tmp_path):
     assert cfg.data.sentence_markup is True
     pairs = _sentences(6, seed=1)
     ids = [(np.array(codec.src_vocab.ids(s)), np.array(codec.tgt_vocab.ids(t))) for s, t in pairs]
-    examples, _ = sentence_instances([ids])
+    examples, _ = build_instances("sentence", [ids])
     with torch.no_grad():
         ours = full_log_probs(model, collate(examples))
     for row, (s, t) in enumerate(pairs):

@@ -1,4 +1,5 @@
-"""The import graph of ``onmt_doc/``: no cycle, and no import from a lower layer to a higher one.
+"""The import graph of ``onmt_doc/``: no cycle, and no import from a lower layer to a higher one;
+and no import circle anywhere in the repository (benchmarks/, tools/, recipes/ with the package).
 
 The layer order is the one written in docs/architecture.md ("Layers"), read from there, so the
 documentation and the code cannot drift apart. Every import counts: at module level, inside a
@@ -103,31 +104,69 @@ def test_the_import_graph_has_no_cycle():
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
-def module_level_imports(path: Path, package: str, known: set[str]) -> set[str]:
-    """The ``package`` modules ``path`` imports when it is imported (module-level statements; an
-    import of a package runs its ``__init__``, so a submodule import also names its parents)."""
+# the folders of Python code in the repository: the package, the benchmark suite, the tools (scripts:
+# their folder is the first entry of sys.path, so ``import x`` there names tools/x.py) and the recipes
+REPOSITORY_FOLDERS = ("onmt_doc", "benchmarks", "tools", "recipes")
+SCRIPT_FOLDERS = ("tools",)
+
+
+def repository_modules() -> dict[str, Path]:
+    return {module_name(p): p for folder in REPOSITORY_FOLDERS for p in (REPO / folder).rglob("*.py")}
+
+
+def repository_imports(module: str, path: Path, known: set[str]) -> set[str]:
+    """The repository modules importing ``module`` (at ``path``) may import: every import in it (at
+    module level, in a function, under ``TYPE_CHECKING``). An import of a package's module runs the
+    package's ``__init__`` first, so it names the packages on the way too, except ``module``'s own
+    (already being imported); a script's bare ``import x`` names the script ``x`` beside it."""
+    parts = module.split(".")
+    own = {".".join(parts[:i]) for i in range(1, len(parts) + (path.name == "__init__.py"))}
     found = set()
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        names = []
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == package:
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names = [
                 f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module for a in node.names
             ]
         elif isinstance(node, ast.Import):
-            names = [a.name for a in node.names if a.name.split(".")[0] == package]
+            names = [a.name for a in node.names]
+        else:
+            continue
         for name in names:
-            parts = name.split(".")
-            found.update(".".join(parts[:i]) for i in range(2, len(parts) + 1))
-    return found & known
+            steps = name.split(".")
+            found.update(".".join(steps[:i]) for i in range(1, len(steps) + 1))
+            if path.parent.name in SCRIPT_FOLDERS:
+                found.add(f"{path.parent.name}.{name}")
+    return (found & known) - own - {module}
 
 
-def test_the_benchmarks_import_without_a_circle():
-    """Importing any benchmark module first works: the module-level imports of benchmarks/ form no
-    cycle (stages/__init__ -> peers -> stages/training made importing benchmarks.peers fail)."""
-    paths = {module_name(p): p for p in (REPO / "benchmarks").rglob("*.py")}
-    graph = {m: module_level_imports(p, "benchmarks", set(paths)) - {m} for m, p in paths.items()}
+def test_the_repository_imports_without_a_circle():
+    """No import circle anywhere: the package, benchmarks/ (stages/__init__ -> peers ->
+    stages/training made importing benchmarks.peers fail; a lazy import of the stage registry from
+    the spec reader closed another through the stages), tools/ and recipes/, every import counted."""
+    paths = repository_modules()
+    graph = {m: repository_imports(m, p, set(paths)) for m, p in paths.items()}
     cycles = cycles_of(graph)
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_the_repository_graph_reader_sees_packages_scripts_and_lazy_imports(tmp_path):
+    """The check above is only as good as this reader: a lazy import, the package an import runs
+    the ``__init__`` of (not the importer's own) and a script's import of the script beside it."""
+    known = {"benchmarks", "benchmarks.peers", "benchmarks.peers.export", "benchmarks.stages", "tools.x", "tools.y"}
+    script = tmp_path / "tools" / "y.py"
+    script.parent.mkdir()
+    script.write_text("def f():\n    import x\n    from benchmarks.peers import export\n", encoding="utf-8")
+    assert repository_imports("tools.y", script, known) == {
+        "tools.x",
+        "benchmarks",
+        "benchmarks.peers",
+        "benchmarks.peers.export",
+    }
+    stage = tmp_path / "stage.py"
+    stage.write_text("from benchmarks.peers.export import run\n", encoding="utf-8")
+    assert repository_imports("benchmarks.stages.s", stage, known) == {"benchmarks.peers", "benchmarks.peers.export"}
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}}
+    assert cycles_of(graph) == ["a -> b -> c -> a"]
 
 
 def test_the_graph_reader_sees_lazy_and_type_checking_imports(tmp_path):

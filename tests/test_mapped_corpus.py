@@ -1,9 +1,11 @@
-"""The memory-mapped binarized corpus (onmt_doc/data/mapped.py, data/cache.py; issue 30).
+"""The memory-mapped binarized corpus (onmt_doc/data/mapped.py, data/cache.py; issue 30) and the
+one instance builder over it (issue 43).
 
-Every unit's mapped instances are compared with the in-memory pipeline the rest of onmt_doc uses
-(``read_parallel`` + ``Codec.encode`` + ``build_instances``, as translation still runs it): the same
-examples, lengths, fingerprint digest and sampler batches, on the toy corpus and on a few thousand
-synthetic pairs.
+Every unit's instances are compared with a plain specification written in this file
+(:func:`specified_instances`: loops over each document's Python list of sentence pairs, the list
+pipeline onmt_doc ran before issue 43), on the mapped cache and on the same documents held in
+memory (``build_instances``: translation's path): the same examples, lengths, fingerprint digest
+and sampler batches, on the toy corpus and on a few thousand synthetic pairs.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from onmt_doc.data.batching import BatchSampler, CorpusMix, collate, example_len
 from onmt_doc.data.cache import binarize, cache_key, load_mapped, load_tokenized
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import read_parallel
-from onmt_doc.data.instances import UnitOptions, build_instances
-from onmt_doc.data.mapped import FILES, ConcatExamples, MappedExamples, open_mapped
+from onmt_doc.data.instances import Example, UnitOptions, mark_sentence
+from onmt_doc.data.mapped import FILES, ConcatExamples, MappedExamples, build_instances, open_mapped
 from onmt_doc.data.tokenizer import Subword
 from onmt_doc.data.vocab import Vocab
 from onmt_doc.errors import DataError
@@ -96,10 +98,69 @@ def corpora(toy_dir, toy_codec_bpe, tmp_path_factory) -> list[tuple[str, str, Co
     return [(str(toy_dir / "train.src"), str(toy_dir / "train.tgt"), toy_codec_bpe), (src, tgt, toy_codec())]
 
 
+def specified_instances(unit: str, docs: list, options: dict) -> tuple[list[Example], int]:
+    """The instances of each unit as specified (docs/architecture.md, "The translation unit"),
+    written as plain loops over each document's list of (src, tgt) pairs, independently of the
+    array rules under test; returns the examples and the pairs (``sentence``, ``context``) or
+    windows (``k_to_*``) that ``max_len`` drops."""
+    o = {"max_tokens": 512, "max_len": 0, "max_sentences": 0, "context_sentences": 1, **options}
+    max_len, mark = o["max_len"], mark_sentence if o.get("sentence_markup", True) else np.asarray
+
+    def long(pairs: list) -> bool:
+        return bool(max_len) and any(len(s) > max_len or (t is not None and len(t) > max_len) for s, t in pairs)
+
+    def pack(doc: list, d: int, start: int, end: int, rows: bool = False) -> Example:
+        window = doc[start:end]
+        tgt = np.concatenate([mark(t) for _, t in window]).astype(np.int64) if window[0][1] is not None else None
+        ex = Example(np.concatenate([mark(s) for s, _ in window]).astype(np.int64), tgt, d, start, end - start)
+        if rows:
+            ex.sent_lens = np.array([(len(s) + 2, 0 if t is None else len(t) + 2) for s, t in window], np.int64)
+        return ex
+
+    def windows(doc: list, budget: int) -> list[tuple[int, int]]:  # <bos>/<eos> and markup counted
+        out, start, used_src, used_tgt = [], 0, 1, 1
+        for i, (s, t) in enumerate(doc):
+            ls, lt = len(s) + 2, (len(t) + 2 if t is not None else 0)
+            if i > start and (used_src + ls > budget or used_tgt + lt > budget):
+                out.append((start, i))
+                start, used_src, used_tgt = i, 1, 1
+            used_src, used_tgt = used_src + ls, used_tgt + lt
+        return out + [(start, len(doc))] if doc else out
+
+    examples, dropped = [], 0
+    for d, doc in enumerate(docs):
+        if unit == "sentence":
+            for i, pair in enumerate(doc):
+                dropped += long([pair])
+                examples += [] if long([pair]) else [pack(doc, d, i, i + 1)]
+        elif unit == "document":
+            examples += [pack(doc, d, a, b) for a, b in windows(doc, o["max_tokens"])]
+        elif unit == "context":  # windows of max_sentences, whole documents, or token windows (translation)
+            size = o["max_sentences"] or max(len(doc), 1)
+            spans = [(a, min(a + size, len(doc))) for a in range(0, len(doc), size)]
+            if not o["max_sentences"] and o.get("window_tokens"):
+                spans = windows(doc, o["window_tokens"])
+            for a, b in spans:
+                dropped += (b - a) * long(doc[a:b])
+                examples += [] if long(doc[a:b]) else [pack(doc, d, a, b, rows=True)]
+        else:  # k_to_1 reads the context's sources only; k_to_k every sentence of the window
+            for i in range(len(doc)):
+                a = max(0, i - o["context_sentences"])
+                used = doc[a : i + 1] if unit == "k_to_k" else [(s, None) for s, _ in doc[a:i]] + [doc[i]]
+                dropped += long(used)
+                if not long(used):
+                    examples.append(pack(doc, d, a, i + 1))
+                    if unit == "k_to_1":  # the current target alone
+                        t = doc[i][1]
+                        tgt = None if t is None else mark(t).astype(np.int64)
+                        examples[-1].tgt, examples[-1].first, examples[-1].n_sents = tgt, i, 1
+    return examples, dropped
+
+
 def reference(src: str, tgt: str, codec: Codec, unit: str, options: dict) -> tuple[list, int]:
-    """Today's in-memory pipeline: every line read, encoded and turned into Example objects."""
+    """Every line read and encoded in memory, then turned into Examples by the specification."""
     docs, _ = load_tokenized(src, tgt, codec, True, 0, None)
-    return build_instances(unit, docs, **{"max_tokens": 512, **options})
+    return specified_instances(unit, docs, options)
 
 
 def same_example(a, b) -> bool:
@@ -139,6 +200,25 @@ def test_mapped_instances_equal_the_in_memory_pipeline(corpora, tmp_path, unit, 
         first = BatchSampler(ref, 300, seed=5).epoch_batches(0)[0]
         batch_ref, batch_map = collate([ref[i] for i in first]), collate([mapped[i] for i in first])
         assert batch_ref.src.equal(batch_map.src) and batch_ref.tgt_out.equal(batch_map.tgt_out)
+        # the same documents held in memory (translation's path) give the same instances
+        docs, _ = load_tokenized(src, tgt, codec, True, 0, None)
+        in_memory, dropped = build_instances(unit, docs, **options)
+        assert dropped == ref_dropped and len(in_memory) == len(ref)
+        assert all(same_example(m, r) for m, r in zip(in_memory, ref))
+
+
+@pytest.mark.parametrize(
+    "unit,options", [*CASES, ("context", {"window_tokens": 30})], ids=[*IDS, "context-window_tokens=30"]
+)
+def test_translation_instances_equal_the_specification(unit, options):
+    """Documents without targets (translation, a request), some of them empty, with ``context``
+    also packed to a token window as translation does (``window_tokens``)."""
+    rng = np.random.default_rng(7)
+    docs = [[(rng.integers(10, 40, int(rng.integers(1, 14))), None) for _ in range(n)] for n in (5, 0, 1, 9, 3)]
+    ref, ref_dropped = specified_instances(unit, docs, options)
+    got, dropped = build_instances(unit, docs, **options)
+    assert len(ref) and dropped == ref_dropped and len(got) == len(ref)
+    assert all(same_example(m, r) for m, r in zip(got, ref))
 
 
 def same_batch(a, b) -> list[str]:

@@ -6,6 +6,7 @@ registries and change what other tests see (the generated docs/config.md lists e
 
 from __future__ import annotations
 
+import sys
 import textwrap
 from pathlib import Path
 
@@ -110,3 +111,82 @@ def test_broken_plugins_are_one_line_errors(toy_dir, tmp_path):
     bad = Path(config).read_text(encoding="utf-8") + "plugins: just_a_string\n"
     Path(config).write_text(bad, encoding="utf-8")
     one_line_error(run_cli(*module_cmd("onmt_doc.bin.train"), "-config", str(config)), "plugins")
+
+
+PLUGIN_UNIT = textwrap.dedent(
+    '''
+    """A user's unit: the sentences of a document two by two, both in and both out."""
+    import numpy as np
+
+    from onmt_doc.data.instances import UNITS, Bounds, ChosenUnit, UnitOptions
+
+
+    @UNITS.register("sentence_pairs", UnitOptions)
+    class SentencePairs(ChosenUnit):
+        def bounds(self, lengths):
+            idx = np.arange(lengths.n, dtype=np.int64)
+            starts = (idx - lengths.doc_start()) % 2 == 0
+            a = idx[starts]
+            return Bounds(a, np.minimum(a + 2, lengths.doc_end()[starts]), 0)
+
+        @classmethod
+        def counts_source_sentences(cls):
+            return True
+    '''
+)
+
+# in a fresh process (the plugin registers into this process's registries): the run's training
+# examples are index arrays over the mapped cache, as a built-in unit's, and what they hold is the
+# plugin's pairs, read the same by make_batch and by collating the Examples
+CHECK_MAPPED_UNIT = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    import torch
+    from onmt_doc.config import load_config
+    from onmt_doc.data.batching import collate, make_batch
+    from onmt_doc.data.instances import mark_sentence
+    from onmt_doc.data.mapped import MappedExamples
+    from onmt_doc.train import distributed
+    from onmt_doc.train.trainer import Trainer
+
+    trainer = Trainer(load_config(sys.argv[1]), distributed.init_distributed("cpu"))
+    examples = trainer.train_examples
+    assert isinstance(examples, MappedExamples), type(examples)
+    corpus = examples.corpus
+    docs = corpus.documents()
+    expected = [(d, i, min(2, len(doc) - i)) for d, doc in enumerate(docs) for i in range(0, len(doc), 2)]
+    assert [(e.doc, e.first, e.n_sents) for e in examples] == expected
+    for e in examples[:50]:
+        pairs = docs[e.doc][e.first : e.first + e.n_sents]
+        assert e.src.tolist() == [x for s, _ in pairs for x in mark_sentence(s).tolist()]
+        assert e.tgt.tolist() == [x for _, t in pairs for x in mark_sentence(t).tolist()]
+    idx = trainer.sampler.epoch_batches(0)[0]
+    fast, slow = make_batch(examples, idx), collate([examples[i] for i in idx], idx)
+    assert fast.src.equal(slow.src) and fast.tgt_out.equal(slow.tgt_out)
+    print("mapped", len(examples))
+    """
+)
+
+
+def test_a_plugin_unit_trains_from_the_mapped_cache_and_translates(toy_dir, tmp_path):
+    """A unit registered by a plugin states its instances (``Unit.bounds``) like a built-in one:
+    training reads them from the binarized cache (no list of Examples), and translation builds
+    them with the same code over the documents it is given."""
+    (tmp_path / "pairs_unit.py").write_text(PLUGIN_UNIT, encoding="utf-8")
+    run = tmp_path / "run"
+    cfg = tiny_config(toy_dir, run, train={"max_steps": 2, "save_every": 2})
+    cfg["model"]["unit"] = "sentence_pairs"
+    cfg["plugins"] = [str(tmp_path / "pairs_unit.py")]
+    config = write_config(cfg, tmp_path / "c.yaml")
+    trained = run_cli(*module_cmd("onmt_doc.bin.train"), "-config", str(config))
+    assert trained.returncode == 0, trained.stderr
+    assert "sentence_pairs instances" in trained.stderr
+    check = run_cli(sys.executable, "-c", CHECK_MAPPED_UNIT, str(config))
+    assert check.returncode == 0 and check.stdout.startswith("mapped "), check.stderr
+
+    src = tmp_path / "in.txt"
+    src.write_text("the small house .\nthe cat sleeps .\nit is here .\n", encoding="utf-8")
+    translate = [*module_cmd("onmt_doc.bin.translate"), "-model", str(run / "checkpoints" / "last.pt")]
+    done = run_cli(*translate, "-src", str(src), "-beam", "1", "-user_dir", str(tmp_path / "pairs_unit.py"))
+    assert done.returncode == 0 and len(done.stdout.splitlines()) == 3, done.stderr

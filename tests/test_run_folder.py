@@ -431,7 +431,7 @@ def test_context_runs_record_their_batch_budget_and_older_ones_are_refused_on_re
     batches, so resuming it exactly is refused; other units' fingerprints have no entry."""
     import numpy as np
 
-    from onmt_doc.data.instances import build_instances
+    from onmt_doc.data.mapped import build_instances
     from onmt_doc.train.run_folder import data_fingerprint, fingerprint_changes
 
     docs = [[(np.arange(4, 4 + n), np.arange(5, 5 + n)) for n in (3, 7, 2)]]

@@ -19,8 +19,8 @@ from model_helpers import random_model
 from onmt_doc.config import config_from_dict, config_to_dict
 from onmt_doc.contracts import LengthLimit
 from onmt_doc.data.corpus import iter_lines, iter_parallel
-from onmt_doc.data.instances import build_instances
 from onmt_doc.data.line_splitting import piece_spans
+from onmt_doc.data.mapped import build_instances
 from onmt_doc.data.vocab import EOS_ID, EOS_SENT_ID, SOS_ID
 from onmt_doc.errors import ConfigError, DataError
 from onmt_doc.models.checkpoint import save_checkpoint

@@ -174,7 +174,7 @@ def agreement(p: ExportParams, venv: str, peer: str, imported: str, src: str, tg
     import torch
 
     from onmt_doc.data.batching import collate
-    from onmt_doc.data.instances import sentence_instances
+    from onmt_doc.data.mapped import build_instances
     from onmt_doc.models.checkpoint import load_model
     from onmt_doc.models.model import full_log_probs
 
@@ -189,7 +189,8 @@ def agreement(p: ExportParams, venv: str, peer: str, imported: str, src: str, tg
     worst, eos = 0.0, codec.tgt_vocab.stoi["<eos>"]
     with torch.no_grad():
         for i in range(0, n, 20):
-            lp = full_log_probs(model, collate(sentence_instances([pairs[i : i + 20]], markup=False)[0]))
+            examples, _ = build_instances("sentence", [pairs[i : i + 20]], sentence_markup=False)
+            lp = full_log_probs(model, collate(examples))
             for row, k in enumerate(range(i, min(i + 20, n))):
                 ids = [*pairs[k][1], eos]
                 got = lp[row, torch.arange(len(ids)), torch.tensor(ids)].numpy()

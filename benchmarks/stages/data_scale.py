@@ -2,7 +2,10 @@
 synthetic corpus. Per corpus size: ``onmt_doc_build_vocab`` (counting on the last worker count),
 binarization into the mapped cache with each number of workers (the caches compared byte for byte),
 and a training process from start to its last step (``max_steps``) on the cached corpus, alone and
-as 2 torchrun processes (Gloo). Each phase runs in a fresh interpreter (:data:`PHASE`) that reports
+as 2 torchrun processes (Gloo). With ``model: context_gates`` the trained model is the
+regularized context gates' (the gated decoder and the ``pmi_gate_hinge`` loss, whose z* is a
+per-example field read from the cache with the ids) and a ``pmi_table`` phase builds its PMI table
+first. Each phase runs in a fresh interpreter (:data:`PHASE`) that reports
 its own peak resident memory (``ru_maxrss``: mapped file pages it touched included, which are shared
 and reclaimable; ``rss_anon_mib`` at the end is its private memory), its worker processes' largest
 peak, wall and CPU time (its workers' included)."""
@@ -39,6 +42,9 @@ elif a["phase"] == "binarize":
     folder = os.path.join(a["cache_dir"], cache_key(c.src, c.tgt, codec, cfg.data.documents))
     binarize(c.src, c.tgt, codec, cfg.data.documents, cfg.data.max_line_chars, folder, a["workers"])
     code = 0
+elif a["phase"] == "pmi_table":
+    from onmt_doc.bin.build_pmi_table import main
+    code = main(["-config", a["config"], "-output", a["table"]])
 else:
     from onmt_doc.bin.train import main
     code = main(["-config", a["config"]])
@@ -60,6 +66,9 @@ class DataScaleParams:
     workers: list[int] = field(default_factory=lambda: [1, 2])
     # train_ddp: the same training in 2 torchrun processes (Gloo), each process's own peak
     phases: list[str] = field(default_factory=lambda: ["build_vocab", "binarize", "train", "train_ddp"])
+    # transformer: a sentence Transformer; context_gates: the gated decoder trained with pmi_gate_hinge
+    # (its PMI table built in the pmi_table phase, z* computed and cached when training starts)
+    model: str = "transformer"
     vocab_size: int = 8000
     sample_lines: int = 1_000_000  # vocab.sample_lines
     train_steps: int = 20
@@ -155,6 +164,12 @@ def run_config(ctx: StageContext, p: DataScaleParams, pairs: int, data: str, cac
         },
         "log": {"dir": run_dir, "tensorboard": False},
     }
+    if p.model == "context_gates":
+        raw["model"]["decoder"]["type"] = "gated_transformer"
+        table = os.path.join(run_dir, "pmi.npz")
+        raw["loss"] = [{"type": "label_smoothed_ce", "smoothing": 0.1}, {"type": "pmi_gate_hinge", "table": table}]
+    elif p.model != "transformer":
+        raise ValueError(f"model: expected transformer or context_gates, got {p.model!r}")
     return write_config(os.path.join(ctx.work_dir(), f"config_{pairs}.yaml"), raw)
 
 
@@ -213,9 +228,13 @@ def data_scale(p: DataScaleParams, ctx: StageContext) -> None:
                     first = os.path.join(caches[p.workers[0]], os.path.basename(folders[0]))
                     row["same_bytes_as_1st"] = same_files(first, folders[0])
                 ctx.record(pairs=pairs, phase="binarize", workers=w, **row)
+        if "pmi_table" in p.phases:
+            table = os.path.join(ctx.work_dir(f"run_{pairs}"), "pmi.npz")
+            row = run_phase(ctx, {**base, "phase": "pmi_table", "table": table}, log)
+            ctx.record(pairs=pairs, phase="pmi_table", model=p.model, **row)
         if "train" in p.phases:
             row = run_phase(ctx, {**base, "phase": "train"}, log)
-            ctx.record(pairs=pairs, phase=f"train to step {p.train_steps}", **row)
+            ctx.record(pairs=pairs, phase=f"train to step {p.train_steps}", model=p.model, **row)
         if "train_ddp" in p.phases:
             row = run_phase(ctx, {**base, "phase": "train"}, log, processes=2)
-            ctx.record(pairs=pairs, phase=f"train to step {p.train_steps}, 2 processes", **row)
+            ctx.record(pairs=pairs, phase=f"train to step {p.train_steps}, 2 processes", model=p.model, **row)

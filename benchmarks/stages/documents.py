@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from benchmarks.stages.training import Profile, checkpoint, free_memory, share_vocab, system_config, train_system
-from benchmarks.suite.spec import REPO
 from benchmarks.suite.stage import StageContext, stage
+from benchmarks.suite.system import REPO
 
 DOMAINS = ("ted", "news", "europarl")
 Docs = list[list[str]]

@@ -30,10 +30,9 @@ import random
 import shutil
 import time
 from dataclasses import dataclass, field
-from typing import Optional
 
 from benchmarks.stages.training import checkpoint, free_memory, share_vocab, system_config, train_system
-from benchmarks.suite.stage import StageContext, stage
+from benchmarks.suite.stage import StageContext, rss_mib, stage
 from benchmarks.suite.text_files import read_docs, write_docs
 
 Docs = list[list[str]]
@@ -284,19 +283,6 @@ def contrastive_speed(p: TrainTranslateParams, ctx: StageContext, tr, name: str)
     peak = rss_mib("VmHWM")
     ctx.record(system=name, speed_items=res["total"], seconds=seconds, items_per_s=res["total"] / seconds,
                peak_rss_mib=peak, rss_added_mib=peak - rss if peak and rss else None)  # fmt: skip
-
-
-def rss_mib(key: str = "VmRSS", reset: bool = False) -> Optional[float]:
-    """The process's resident (``VmRSS``) or peak (``VmHWM``) memory in MiB; ``reset`` starts a new
-    peak (Linux ``clear_refs``), so a measurement's peak is its own, not an earlier step's."""
-    try:
-        if reset:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-        with open("/proc/self/status", encoding="ascii") as f:
-            return next(int(line.split()[1]) / 1024 for line in f if line.startswith(key + ":"))
-    except (OSError, StopIteration):
-        return None
 
 
 def count_pmi(p: TrainTranslateParams, ctx: StageContext, data: dict, first: str) -> str:

@@ -27,9 +27,8 @@ from typing import Any, Callable, Optional
 from unittest import mock
 
 from benchmarks.stages.environment import EnvironmentParams, matmul_peak, sync
-from benchmarks.stages.quality import rss_mib
 from benchmarks.stages.training import free_memory
-from benchmarks.suite.stage import StageContext, gpu_name, stage
+from benchmarks.suite.stage import StageContext, gpu_name, rss_mib, stage
 
 MODELS = ("transformer", "mhplstm", "reformer_base", "reformer_fast", "g_transformer", "hm_gdc")
 MODELS += ("transformer_k_to_1", "transformer_k_to_k", "transformer_no_self_attention")
@@ -206,7 +205,7 @@ def build(name: str, p: ModelSpeedParams, codec) -> tuple[Any, Any]:
     import torch
     import yaml
 
-    from benchmarks.suite.spec import REPO
+    from benchmarks.suite.system import REPO
     from onmt_doc.config import config_from_dict
     from onmt_doc.models.builder import build_model
 
@@ -312,7 +311,7 @@ class SpeedData:
         return batch
 
     def instances(self, unit: str, docs: list) -> list:
-        from onmt_doc.data.instances import build_instances
+        from onmt_doc.data.mapped import build_instances
 
         kw = {"max_sentences": self.p.max_sentences, "context_sentences": self.p.context_sentences}
         return build_instances(unit, docs, self.p.max_tokens, **kw)[0]

@@ -14,8 +14,8 @@ from typing import Any, Optional
 
 import yaml
 
-from benchmarks.suite.spec import System
 from benchmarks.suite.stage import StageContext
+from benchmarks.suite.system import System
 
 VOCAB_FILES = ("subword.model", "vocab.txt")  # what a run folder's codec is made of (prepare_codec)
 

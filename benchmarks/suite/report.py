@@ -8,7 +8,8 @@ import json
 import os
 from typing import Any
 
-from benchmarks.suite.spec import REPO, Spec, Table
+from benchmarks.suite.spec import Spec, Table
+from benchmarks.suite.system import REPO
 
 DOCS = os.path.join(REPO, "docs", "benchmarks.md")
 

@@ -21,8 +21,9 @@ import time
 import traceback
 from typing import Optional
 
-from benchmarks.suite.spec import REPO, Spec, StageSpec, stage_params
+from benchmarks.suite.spec import Spec, StageSpec, stage_params
 from benchmarks.suite.stage import STAGE_MARK, StageContext
+from benchmarks.suite.system import REPO
 from onmt_doc.errors import UserError
 from onmt_doc.outputs import write_text
 

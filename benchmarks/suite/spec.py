@@ -11,23 +11,11 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from benchmarks.suite.system import REPO, System
 from onmt_doc.config.loading import read_yaml
 from onmt_doc.errors import ConfigError
 
 SPECS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "specs")
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-@dataclass
-class System:
-    """A model as a user would train it: a config example and the overrides of this benchmark."""
-
-    config: str  # path relative to the repository, e.g. config_examples/g_transformer.yaml
-    overrides: dict = field(default_factory=dict)  # nested keys merged onto the config
-    init_from: Optional[str] = None  # another system of the spec whose checkpoint starts this one
-    documents: bool = False  # trained and tested on documents (False: sentence pairs)
-    smoke: dict = field(default_factory=dict)  # overrides merged last under --smoke (toy shapes, few steps)
-    name: str = ""
 
 
 @dataclass

@@ -85,3 +85,16 @@ def gpu_name(device: str) -> Optional[str]:
     import torch
 
     return torch.cuda.get_device_name(0)
+
+
+def rss_mib(key: str = "VmRSS", reset: bool = False) -> Optional[float]:
+    """The process's resident (``VmRSS``) or peak (``VmHWM``) memory in MiB; ``reset`` starts a new
+    peak (Linux ``clear_refs``), so a measurement's peak is its own, not an earlier step's."""
+    try:
+        if reset:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        with open("/proc/self/status", encoding="ascii") as f:
+            return next(int(line.split()[1]) / 1024 for line in f if line.startswith(key + ":"))
+    except (OSError, StopIteration):
+        return None

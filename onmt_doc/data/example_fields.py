@@ -2,19 +2,26 @@
 
 A loss declares the fields it reads (``needs_fields = ("z_star",)``); the data pipeline builds
 each field's provider from that loss's own config section (the keys the provider reads, e.g. a
-table path) and a :class:`FieldContext`, and the provider fills ``Example.extra`` before training,
-caching what is slow next to the binarized data. Collation pads the arrays into ``Batch.extra``.
-So a loss only computes its formula: it never sees the corpus, the whole config or the run folder.
+table path) and a :class:`FieldContext`. A provider gives one value per target token of a corpus
+(:meth:`FieldProvider.values`, aligned with the corpus's target ids, caching what is slow in the
+corpus's cache folder beside them); the instances take their target sentences' values like their
+ids, with 0 at the markup (``MappedExamples``), so a batch reads them with its ids and collation
+pads them into ``Batch.extra`` (0 for ``<eos>`` and padding). A loss only computes its formula: it
+never sees the corpus, the whole config or the run folder.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+
+import numpy as np
 
 from onmt_doc.data.codec import Codec
-from onmt_doc.data.instances import Example
 from onmt_doc.registry import Registry
+
+if TYPE_CHECKING:
+    from onmt_doc.data.mapped import MappedCorpus
 
 
 @dataclass
@@ -22,17 +29,16 @@ class FieldContext:
     """What every field provider gets besides the section that asked for it."""
 
     codec: Codec
-    cache_dir: Optional[str] = None  # the binarized data's cache folder (None: no caching)
 
 
 class FieldProvider(Protocol):
-    """What a registered field factory returns: fills the ``Example.extra`` arrays a loss reads."""
+    """What a registered field factory returns: the values of the ``Example.extra`` arrays a loss reads."""
 
     keys: tuple[str, ...]  # the Example.extra keys it fills
 
-    def attach(self, examples: Sequence[Example], docs: Sequence) -> None:
-        """Fill ``extra[key]`` of every example (aligned with its target) from the tokenized
-        documents ``docs`` the examples index."""
+    def values(self, corpus: MappedCorpus) -> dict[str, np.ndarray]:
+        """Per key, one value per target id of ``corpus`` (``len(corpus.tgt)``, sentence after
+        sentence, without markup): read per batch, so a memory-mapped array costs no memory."""
 
 
 ProviderFactory = Callable[[Any, FieldContext], FieldProvider]
@@ -54,7 +60,13 @@ def build_field(name: str, section: Any, ctx: FieldContext) -> FieldProvider:
     return REGISTRY.get(name).cls(section, ctx)
 
 
-def attach_fields(examples: Sequence[Example], docs: Sequence, providers: Sequence[FieldProvider]) -> None:
-    """Let every provider fill its fields of ``examples``."""
+def field_values(providers: Sequence[FieldProvider], corpus: MappedCorpus) -> dict[str, np.ndarray]:
+    """Every provider's values for ``corpus``, each giving the keys it declares (``MappedExamples``
+    checks that there is one value per target id)."""
+    out: dict[str, np.ndarray] = {}
     for provider in providers:
-        provider.attach(examples, docs)
+        values = provider.values(corpus)
+        if set(values) != set(provider.keys):
+            raise ValueError(f"{type(provider).__name__} gave fields {sorted(values)}, declares {list(provider.keys)}")
+        out.update(values)
+    return out

@@ -8,13 +8,16 @@ sides, the sequences of OpenNMT-py and most sentence-level toolkits (imported mo
 generated ids back into sentences by it.
 
 Units (the :data:`UNITS` registry) turn documents into a model's instances and say what search and
-translation do with a row's output (:class:`Unit`).
+translation do with a row's output (:class:`Unit`). A unit states its instances once, as sentence
+ranges computed from arrays of sentence lengths (:meth:`Unit.bounds`, with the token-window and
+length-filter rules of this module); ``data/mapped.py`` makes them into Examples and batches over a
+corpus's arrays, memory-mapped for training or built in memory for translation.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Optional, Sequence
+from typing import Any, ClassVar, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -90,137 +93,145 @@ def split_sentences(ids: Sequence[int], n: int) -> list[list[int]]:
     return sents + [[] for _ in range(n - len(sents))]
 
 
-def _bare(ids: Sequence[int]) -> np.ndarray:
-    """A sentence without markup (``data.sentence_markup: false``): its ids as they are."""
-    return np.array(ids, dtype=np.int64)
+def mark_concat(
+    tokens: np.ndarray,
+    lens: np.ndarray,
+    open_id: int = SOS_ID,
+    close_id: int = EOS_SENT_ID,
+    dtype: np.dtype = np.dtype(np.int64),
+) -> np.ndarray:
+    """Sentences of ``lens`` values one after the other in ``tokens``, each wrapped as
+    ``open_id … close_id``: with the defaults, the concatenation of their :func:`mark_sentence`
+    arrays; a per-token field (z*) gets 0 at the markup the same way (``open_id = close_id = 0``)."""
+    marked = np.asarray(lens, dtype=np.int64) + 2
+    out = np.empty(int(marked.sum()), dtype)
+    out_ends = np.cumsum(marked)
+    out_starts = out_ends - marked
+    inner = np.ones(len(out), bool)
+    inner[out_starts] = False
+    inner[out_ends - 1] = False
+    out[out_starts] = open_id
+    out[out_ends - 1] = close_id
+    out[inner] = tokens
+    return out
 
 
-def sentence_instances(
-    docs: Sequence[Sequence[tuple]], max_len: int = 0, markup: bool = True
-) -> tuple[list[Example], int]:
-    """One example per sentence pair; pairs with a side longer than ``max_len`` (if set) are dropped.
+# ----------------------------------------------------------------------------- the rules
+#
+# Every unit states its instances once, here, over arrays: the subword count of each sentence and
+# the documents' bounds (:class:`SentenceLengths`). Training reads them from the mapped cache's
+# offsets; a small corpus, a request or a document being translated builds the same arrays in memory
+# (``MappedCorpus.from_documents``), so both run this code. ``data/mapped.py``'s ``MappedExamples``
+# turns the bounds into Examples and batches.
 
-    ``docs`` holds, per document, (src_ids, tgt_ids or None) pairs; ``markup`` false keeps the ids
-    bare (no ``<s> … </s>``). Returns the examples and the number dropped, which callers log.
-    """
-    mark = mark_sentence if markup else _bare
-    examples, dropped = [], 0
-    for d, doc in enumerate(docs):
-        for i, (s, t) in enumerate(doc):
-            if max_len and (len(s) > max_len or (t is not None and len(t) > max_len)):
-                dropped += 1
-                continue
-            examples.append(Example(mark(s), None if t is None else mark(t), d, i, 1))
-    return examples, dropped
+MARKUP = 2  # <s> and </s> around a sentence: what its instance holds besides its ids
+BUDGET_START = 1  # the <bos> (or <eos>) the decoder adds: counted once per side of a token window
 
 
-def document_instances(docs: Sequence[Sequence[tuple]], max_tokens: int) -> list[Example]:
-    """Consecutive sentences of one document packed up to ``max_tokens`` per side.
+@dataclass(frozen=True)
+class SentenceLengths:
+    """What a unit's instances depend on: each sentence's subword count per side (without markup)
+    and where each document starts and ends."""
 
-    Instances never cross documents; a sentence longer than the budget is an instance of its own.
-    The budget counts markup and the ``<bos>``/``<eos>`` the decoder adds.
-    """
-    return [_pack(doc, d, start, end) for d, doc in enumerate(docs) for start, end in _token_windows(doc, max_tokens)]
+    src: np.ndarray  # [S] int64
+    tgt: Optional[np.ndarray]  # [S] int64; None: a corpus without targets (translation)
+    doc_offsets: np.ndarray  # [D + 1] int64: document d holds sentences doc_offsets[d]:doc_offsets[d + 1]
 
+    @property
+    def n(self) -> int:
+        """Sentences."""
+        return len(self.src)
 
-def _token_windows(doc: Sequence[tuple], max_tokens: int) -> list[tuple[int, int]]:
-    """(start, end) of runs of consecutive sentences within ``max_tokens`` per side (markup and
-    ``<bos>``/``<eos>`` counted); a longer sentence is a run of its own."""
-    windows, start, src_len, tgt_len = [], 0, 1, 1
-    for i, (s, t) in enumerate(doc):
-        ls, lt = len(s) + 2, (len(t) + 2 if t is not None else 0)
-        if i > start and (src_len + ls > max_tokens or tgt_len + lt > max_tokens):
-            windows.append((start, i))
-            start, src_len, tgt_len = i, 1, 1
-        src_len += ls
-        tgt_len += lt
-    if doc:
-        windows.append((start, len(doc)))
-    return windows
+    def doc_start(self) -> np.ndarray:
+        """[S]: the first sentence of each sentence's document."""
+        return np.repeat(self.doc_offsets[:-1], np.diff(self.doc_offsets))
+
+    def doc_end(self) -> np.ndarray:
+        """[S]: the end (exclusive) of each sentence's document."""
+        return np.repeat(self.doc_offsets[1:], np.diff(self.doc_offsets))
 
 
-def _fitting(lengths: Sequence[int], first_length: int, max_tokens: int) -> int:
-    """How many of the last ``lengths`` fit one :func:`_token_windows` window with a sentence of
-    ``first_length`` after them (the window a document's first sentence starts with them)."""
-    used, kept = 1 + first_length + 2, 0
+class Bounds(NamedTuple):
+    """A unit's instances: each one's sentences ``[a, b)`` (corpus indices, in instance order) and
+    the number of sentence pairs ``data.max_len`` dropped (for the log)."""
+
+    a: np.ndarray
+    b: np.ndarray
+    dropped: int
+
+
+def token_windows(lengths: SentenceLengths, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """(a, b) of the runs of consecutive sentences of each document within ``max_tokens`` per side,
+    markup and the decoder's <bos>/<eos> counted (a side without targets counts nothing); a
+    longer sentence is a run of its own. A loop over the sentences, on Python ints."""
+    starts, ends = [], []
+    ls_all = (lengths.src + MARKUP).tolist()
+    lt_all = (lengths.tgt + MARKUP).tolist() if lengths.tgt is not None else [0] * lengths.n
+    doc_off = lengths.doc_offsets.tolist()
+    for d0, d1 in zip(doc_off[:-1], doc_off[1:]):
+        start, src_len, tgt_len = d0, BUDGET_START, BUDGET_START
+        for i in range(d0, d1):
+            ls, lt = ls_all[i], lt_all[i]
+            if i > start and (src_len + ls > max_tokens or tgt_len + lt > max_tokens):
+                starts.append(start)
+                ends.append(i)
+                start, src_len, tgt_len = i, BUDGET_START, BUDGET_START
+            src_len += ls
+            tgt_len += lt
+        if d1 > d0:
+            starts.append(start)
+            ends.append(d1)
+    return np.array(starts, np.int64), np.array(ends, np.int64)
+
+
+def fitting(lengths: Sequence[int], first_length: int, max_tokens: int) -> int:
+    """How many of the last ``lengths`` fit one token window (:func:`token_windows`' budget) with a
+    sentence of ``first_length`` after them: the context a document's first sentence keeps."""
+    used, kept = BUDGET_START + first_length + MARKUP, 0
     for length in reversed(lengths):
-        if used + length + 2 > max_tokens:
+        if used + length + MARKUP > max_tokens:
             break
-        used += length + 2
+        used += length + MARKUP
         kept += 1
     return kept
 
 
-def _pack(doc: Sequence[tuple], d: int, start: int, end: int) -> Example:
-    src = np.concatenate([mark_sentence(s) for s, _ in doc[start:end]])
-    has_tgt = doc[start][1] is not None
-    tgt = np.concatenate([mark_sentence(t) for _, t in doc[start:end]]) if has_tgt else None
-    return Example(src, tgt, d, start, end - start)
+def too_long(lengths: SentenceLengths, max_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """The length filter (``data.max_len``), per sentence: its source is longer, its target is
+    longer (all False without ``max_len``, and for a side without targets)."""
+    none = np.zeros(lengths.n, bool)
+    if not max_len:
+        return none, none
+    return lengths.src > max_len, (lengths.tgt > max_len if lengths.tgt is not None else none)
 
 
-def context_instances(
-    docs: Sequence[Sequence[tuple]], max_sentences: int = 0, max_len: int = 0, window_tokens: int = 0
-) -> tuple[list[Example], int]:
-    """Whole documents, or windows of at most ``max_sentences`` consecutive sentences (HM-GDC).
-    With ``max_sentences`` 0 and ``window_tokens`` set (translation), windows are packed to that
-    many tokens per side instead of whole documents, so a long document costs linear time.
-
-    Each sentence becomes its own batch row, decoded with its own memory and the context of its
-    window. The window's position is ``first``. With ``max_len``, a window holding a longer pair is
-    dropped whole (dropping one sentence would change its neighbours' context); the number of pairs
-    dropped is returned for the log.
-    """
-    examples, dropped = [], 0
-    for d, doc in enumerate(docs):
-        if max_sentences or not window_tokens:
-            size = max_sentences or len(doc)
-            spans = [(start, min(start + size, len(doc))) for start in range(0, len(doc), size)]
-        else:
-            spans = _token_windows(doc, window_tokens)
-        for start, end in spans:
-            window = doc[start:end]
-            if max_len and any(len(s) > max_len or (t is not None and len(t) > max_len) for s, t in window):
-                dropped += len(window)
-                continue
-            ex = _pack(doc, d, start, start + len(window))
-            ex.sent_lens = np.array([(len(s) + 2, 0 if t is None else len(t) + 2) for s, t in window], dtype=np.int64)
-            examples.append(ex)
-    return examples, dropped
+def any_in(flags: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per range ``[a, b)``: whether any of its ``flags`` is set."""
+    cs = np.concatenate([[0], np.cumsum(flags, dtype=np.int64)])
+    return cs[b] - cs[a] > 0
 
 
-def _too_long(pairs: Sequence[tuple], max_len: int) -> bool:
-    return bool(max_len) and any(len(s) > max_len or (t is not None and len(t) > max_len) for s, t in pairs)
+def drop_windows(a: np.ndarray, b: np.ndarray, long: np.ndarray, per_window: bool) -> Bounds:
+    """The windows ``[a, b)`` holding no ``long`` sentence; the dropped count is of windows
+    (``per_window``) or of the pairs in them."""
+    drop = any_in(long, a, b)
+    return Bounds(a[~drop], b[~drop], int(drop.sum()) if per_window else int((b - a)[drop].sum()))
 
 
-def concatenation_instances(
-    docs: Sequence[Sequence[tuple]], k: int, whole_target: bool, max_len: int = 0
-) -> tuple[list[Example], int]:
-    """One example per sentence i with its ``k`` previous sentences of the same document (fewer at
-    the document's start), all marked and concatenated: the ``</s> <s>`` between two sentences is
-    the separator (Tiedemann & Scherrer, 2017's ``_BREAK_``), so no vocabulary entry is added.
-
-    ``whole_target`` false (k-to-1): the target is sentence i alone and the example starts at i
-    (``first`` = i, one sentence). True (k-to-k): the target holds the same sentences as the source,
-    the example starts at the window's first sentence and ``n_sents`` counts the window, so the
-    loss covers every target sentence and translation keeps the last. With ``max_len``, a window
-    holding a longer sentence (in a side the example uses) is dropped; the count is returned."""
-    examples, dropped = [], 0
-    for d, doc in enumerate(docs):
-        for i in range(len(doc)):
-            start = max(0, i - k)
-            window = doc[start : i + 1]
-            used = window if whole_target else [(s, None) for s, _ in window[:-1]] + [window[-1]]
-            if _too_long(used, max_len):
-                dropped += 1
-                continue
-            src = np.concatenate([mark_sentence(s) for s, _ in window])
-            if whole_target:
-                tgt = None if doc[i][1] is None else np.concatenate([mark_sentence(t) for _, t in window])
-                examples.append(Example(src, tgt, d, start, len(window)))
-            else:
-                tgt = None if doc[i][1] is None else mark_sentence(doc[i][1])
-                examples.append(Example(src, tgt, d, i, 1))
-    return examples, dropped
+def concatenation_bounds(lengths: SentenceLengths, k: int, max_len: int, whole_target: bool) -> Bounds:
+    """One instance per sentence i with its ``k`` previous sentences of the same document (fewer at
+    the document's start): sources ``[max(doc start, i - k), i + 1)``, all marked and concatenated,
+    the ``</s> <s>`` between two sentences being the separator (Tiedemann & Scherrer, 2017's
+    ``_BREAK_``, so no vocabulary entry is added). With ``max_len``, a window holding a longer
+    sentence in a side the instance uses is dropped: every target with ``whole_target`` (k-to-k),
+    else only the current one (k-to-1); the count is of instances."""
+    idx = np.arange(lengths.n, dtype=np.int64)
+    a, b = np.maximum(lengths.doc_start(), idx - k), idx + 1
+    long_src, long_tgt = too_long(lengths, max_len)
+    if whole_target:
+        return drop_windows(a, b, long_src | long_tgt, per_window=True)
+    drop = any_in(long_src, a, b) | long_tgt
+    return Bounds(a[~drop], b[~drop], int(drop.sum()))
 
 
 # ----------------------------------------------------------------------------- units
@@ -243,6 +254,13 @@ class UnitOptions:
 class Unit:
     """How documents become a model's instances, and what search and translation do with a row.
 
+    A unit states its instances once, over arrays (:meth:`bounds`: the sentences ``[a, b)`` of
+    each, from :class:`SentenceLengths`), and says what an instance holds (:meth:`target_span`:
+    which target sentences; :meth:`rows_are_sentences`; :meth:`marked`): ``MappedExamples``
+    (``data/mapped.py``) asks these to make the Examples and batches of training (the mapped
+    cache), translation, the server and ``-stream`` (arrays built in memory), for a registered
+    plugin unit as for a built-in one.
+
     Search and the translator ask a unit (class methods: the answers do not depend on options):
     :meth:`search_marks_sentences` and :meth:`counts_source_sentences` (what the search's rules
     enforce on a row's output; ``onmt_doc/translate/rules.py`` builds the rules from them, so this
@@ -259,9 +277,27 @@ class Unit:
     def __init__(self, options: UnitOptions) -> None:
         self.options = options
 
-    def instances(self, docs: Sequence[Sequence[tuple]]) -> tuple[list[Example], int]:  # pragma: no cover
-        """The examples of tokenized ``docs`` and the number of pairs dropped by ``max_len``."""
+    def bounds(self, lengths: SentenceLengths) -> Bounds:  # pragma: no cover
+        """The instances of a corpus of sentences of ``lengths``: each one's source sentences
+        ``[a, b)`` (within one document, in order) and the pairs ``max_len`` dropped."""
         raise NotImplementedError
+
+    @classmethod
+    def target_span(cls, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The target sentences of instances whose sources are sentences ``[a, b)``: the same ones.
+        The first of them is the instance's ``first``, their number its ``n_sents``."""
+        return a, b
+
+    @classmethod
+    def rows_are_sentences(cls) -> bool:
+        """Whether each sentence of an instance is a batch row of its own (rows of one instance
+        share its ``doc_index``: ``context``), rather than the instance being one row."""
+        return False
+
+    def marked(self) -> bool:
+        """Whether the instances' sentences carry ``<s> … </s>`` (every unit's do, but
+        ``data.sentence_markup: false`` where :meth:`markup_optional`)."""
+        return self.options.sentence_markup or not self.markup_optional()
 
     def context_kept(self, src_lengths: Sequence[int], first_length: int) -> int:
         """How many of the sentences before a document (their source lengths in subwords, oldest
@@ -351,9 +387,11 @@ class SentenceUnit(Unit):
 
     _input_keys = ("documents", "sentence_markup")
 
-    def instances(self, docs: Sequence[Sequence[tuple]]) -> tuple[list[Example], int]:
-        """See :meth:`Unit.instances`."""
-        return sentence_instances(docs, self.options.max_len, self.options.sentence_markup)
+    def bounds(self, lengths: SentenceLengths) -> Bounds:
+        """See :meth:`Unit.bounds`: every sentence pair, those with a side longer than ``max_len`` dropped."""
+        long_src, long_tgt = too_long(lengths, self.options.max_len)
+        keep = np.flatnonzero(~(long_src | long_tgt))
+        return Bounds(keep, keep + 1, lengths.n - len(keep))
 
     @classmethod
     def markup_optional(cls) -> bool:
@@ -367,13 +405,15 @@ class DocumentUnit(Unit):
 
     _input_keys = ("documents", "max_tokens")
 
-    def instances(self, docs: Sequence[Sequence[tuple]]) -> tuple[list[Example], int]:
-        """See :meth:`Unit.instances`."""
-        return document_instances(docs, self.options.max_tokens), 0
+    def bounds(self, lengths: SentenceLengths) -> Bounds:
+        """See :meth:`Unit.bounds`: :func:`token_windows` of ``max_tokens``; nothing is dropped (a
+        longer sentence is an instance of its own)."""
+        a, b = token_windows(lengths, self.options.max_tokens)
+        return Bounds(a, b, 0)
 
     def context_kept(self, src_lengths: Sequence[int], first_length: int) -> int:
         """See :meth:`Unit.context_kept`: those that fit ``max_tokens`` with the first sentence."""
-        return _fitting(src_lengths, first_length, self.options.max_tokens)
+        return fitting(src_lengths, first_length, self.options.max_tokens)
 
     @classmethod
     def search_marks_sentences(cls) -> bool:
@@ -393,10 +433,31 @@ class ContextUnit(Unit):
 
     _input_keys = ("documents", "max_tokens", "max_sentences")
 
-    def instances(self, docs: Sequence[Sequence[tuple]]) -> tuple[list[Example], int]:
-        """See :meth:`Unit.instances`."""
+    def bounds(self, lengths: SentenceLengths) -> Bounds:
+        """See :meth:`Unit.bounds`: whole documents, or windows of at most ``max_sentences``
+        consecutive sentences; with ``max_sentences`` 0 and ``window_tokens`` set (translation),
+        :func:`token_windows` of that many tokens instead of whole documents, so a long document
+        costs linear time. With ``max_len``, a window holding a longer pair is dropped whole
+        (dropping one sentence would change its neighbours' context), its pairs counted."""
         o = self.options
-        return context_instances(docs, o.max_sentences, o.max_len, o.window_tokens)
+        if o.max_sentences or not o.window_tokens:
+            idx, doc_start = np.arange(lengths.n, dtype=np.int64), lengths.doc_start()
+            doc_sizes = np.diff(lengths.doc_offsets)
+            whole = np.repeat(doc_sizes, doc_sizes)  # every sentence: its document's size
+            sizes = np.full(lengths.n, o.max_sentences, np.int64) if o.max_sentences else whole
+            is_start = (idx - doc_start) % sizes == 0
+            a = idx[is_start]
+            b = np.minimum(a + sizes[is_start], lengths.doc_end()[is_start])
+        else:
+            a, b = token_windows(lengths, o.window_tokens)
+        long_src, long_tgt = too_long(lengths, o.max_len)
+        return drop_windows(a, b, long_src | long_tgt, per_window=False)
+
+    @classmethod
+    def rows_are_sentences(cls) -> bool:
+        """See :meth:`Unit.rows_are_sentences`: each sentence is decoded with its own memory and
+        the context of its window."""
+        return True
 
     def context_kept(self, src_lengths: Sequence[int], first_length: int) -> int:
         """See :meth:`Unit.context_kept`: ``max_sentences`` - 1 (the window), or, for windows packed to
@@ -404,7 +465,7 @@ class ContextUnit(Unit):
         o = self.options
         if o.max_sentences or not o.window_tokens:
             return min(len(src_lengths), max(o.max_sentences - 1, 0)) if o.max_sentences else len(src_lengths)
-        return _fitting(src_lengths, first_length, o.window_tokens)
+        return fitting(src_lengths, first_length, o.window_tokens)
 
     @classmethod
     def context_sides(cls) -> tuple[str, ...]:
@@ -418,9 +479,15 @@ class KTo1Unit(ChosenUnit):
 
     _input_keys = ("documents", "context_sentences")
 
-    def instances(self, docs: Sequence[Sequence[tuple]]) -> tuple[list[Example], int]:
-        """See :meth:`Unit.instances`."""
-        return concatenation_instances(docs, self.options.context_sentences, False, self.options.max_len)
+    def bounds(self, lengths: SentenceLengths) -> Bounds:
+        """See :meth:`Unit.bounds`: :func:`concatenation_bounds`; the context's targets are not
+        read, so only the current target counts for ``max_len``."""
+        return concatenation_bounds(lengths, self.options.context_sentences, self.options.max_len, False)
+
+    @classmethod
+    def target_span(cls, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """See :meth:`Unit.target_span`: the current (last) sentence alone."""
+        return b - 1, b
 
     def context_kept(self, src_lengths: Sequence[int], first_length: int) -> int:
         """See :meth:`Unit.context_kept`: the ``context_sentences`` last."""
@@ -438,9 +505,9 @@ class KToKUnit(ChosenUnit):
 
     _input_keys = ("documents", "context_sentences")
 
-    def instances(self, docs: Sequence[Sequence[tuple]]) -> tuple[list[Example], int]:
-        """See :meth:`Unit.instances`."""
-        return concatenation_instances(docs, self.options.context_sentences, True, self.options.max_len)
+    def bounds(self, lengths: SentenceLengths) -> Bounds:
+        """See :meth:`Unit.bounds`: :func:`concatenation_bounds`, every target of the window read."""
+        return concatenation_bounds(lengths, self.options.context_sentences, self.options.max_len, True)
 
     def context_kept(self, src_lengths: Sequence[int], first_length: int) -> int:
         """See :meth:`Unit.context_kept`: the ``context_sentences`` last."""
@@ -476,24 +543,3 @@ def check_unit(name: str, part_units: set[str], where: str = "model.unit") -> No
     """``model.unit`` chosen in a config: registered, and fitting the parts' own units (a chosen
     unit needs sentence-level parts; a declared one must be the parts' own)."""
     unit_class(name, where).check_parts(name, part_units, where)
-
-
-def build_instances(
-    unit: str,
-    docs: Sequence[Sequence[tuple]],
-    max_tokens: int,
-    max_len: int = 0,
-    max_sentences: int = 0,
-    window_tokens: int = 0,
-    context_sentences: int = 1,
-    sentence_markup: bool = True,
-) -> tuple[list[Example], int]:
-    """Instances for a model's unit (the :data:`UNITS` registry): ``document`` packs consecutive
-    sentences of a document up to ``max_tokens``; ``context`` takes document windows of
-    ``max_sentences`` (0 = whole documents, or, with ``window_tokens`` as translation sets it,
-    windows packed to that many tokens) whose sentences are batch rows; ``sentence`` uses one
-    instance per sentence pair; ``k_to_1`` / ``k_to_k`` concatenate ``context_sentences`` previous
-    sentences (:func:`concatenation_instances`); ``sentence_markup`` false: ``sentence`` instances
-    without ``<s> … </s>`` (the config allows it for that unit only)."""
-    options = UnitOptions(max_tokens, max_len, max_sentences, window_tokens, context_sentences, sentence_markup)
-    return unit_class(unit, "unit")(options).instances(docs)

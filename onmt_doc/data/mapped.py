@@ -17,11 +17,16 @@ process of a machine: a batch's sentences are read with ``pread`` when it is col
 pass over every id (the fingerprint digest) reads a read-only ``mmap`` and hands the pages back as
 it goes (:meth:`MappedCorpus.drop_pages`), so neither leaves the corpus in the resident set.
 
-:class:`MappedExamples` is the list of a unit's instances (the same :class:`Example` objects,
-ids and order as ``Unit.instances`` gives on the same documents) built from the offsets as index
-arrays: an instance is sentences ``[a, b)`` of the corpus (its source), its target the same range
-or, for ``k_to_1``, the last sentence alone. An :class:`Example` is made only when asked for
-(:meth:`MappedExamples.__getitem__`), i.e. when its batch is collated.
+:class:`MappedExamples` is the list of a unit's instances (:class:`Example` objects) as index
+arrays: the unit states which sentences ``[a, b)`` each instance holds (``Unit.bounds``, computed
+from the offsets alone) and which of them are its target (``Unit.target_span``); an Example is made
+only when asked for (:meth:`MappedExamples.__getitem__`), and a batch is read in one gather per side
+(:meth:`MappedExamples.batch_rows`). Per-example fields (z*: ``data/example_fields.py``) are arrays
+aligned with the target ids, read per batch the same way.
+
+The same classes serve a corpus held in memory (:meth:`MappedCorpus.from_documents`: a small
+corpus, a request, a document being translated, ``-stream``): :func:`build_instances` gives its
+Examples, so training and translation share one implementation of the instance rules.
 """
 
 from __future__ import annotations
@@ -33,11 +38,11 @@ import os
 import zlib
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import IO, Iterator, Optional, Sequence, Union
+from typing import IO, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from onmt_doc.data.instances import Example, UnitOptions
+from onmt_doc.data.instances import MARKUP, Example, SentenceLengths, UnitOptions, mark_concat, unit_class
 from onmt_doc.data.lengths import Lengths
 from onmt_doc.data.vocab import EOS_SENT_ID, SOS_ID
 
@@ -50,9 +55,6 @@ FILES = {
     "tgt_offsets": ("tgt.offsets", OFFSET_DTYPE),
     "doc_offsets": ("doc.offsets", OFFSET_DTYPE),
 }
-# the units whose instances this module builds from offsets (translation's token windows of
-# ``context`` go through ``Unit.instances``)
-MAPPED_UNITS = ("sentence", "document", "context", "k_to_1", "k_to_k")
 
 
 @dataclass
@@ -70,6 +72,33 @@ class MappedCorpus:
     doc_offsets: np.ndarray
     maps: list = field(default_factory=list, repr=False)  # the mmap objects behind src and tgt
     files: dict = field(default_factory=dict, repr=False)  # side -> the ids file, open for pread
+    folder: Optional[str] = None  # the cache folder (None: held in memory); fields are cached in it
+    has_tgt: bool = True  # False: sentences without targets (translation; tgt empty, its offsets 0)
+
+    @classmethod
+    def from_documents(cls, docs: Sequence[Sequence[tuple]]) -> "MappedCorpus":
+        """Tokenized documents of (src_ids, tgt_ids) pairs held in memory as the same arrays (a
+        small corpus, a request, a document being translated); every target None (translation)
+        makes a corpus without targets. Ids may be arrays or lists."""
+        pairs = [p for d in docs for p in d]
+        targets = {t is not None for _, t in pairs}
+        if len(targets) > 1:
+            raise ValueError("every sentence pair has a target, or none has")
+        has_tgt = targets != {False}
+        src, src_lens = flatten([np.asarray(s) for s, _ in pairs])
+        tgt, tgt_lens = flatten([np.asarray(t) for _, t in pairs]) if has_tgt else flatten([])
+        if not has_tgt:
+            tgt_lens = np.zeros(len(pairs), np.int64)
+
+        def offsets(lens: np.ndarray) -> np.ndarray:
+            return np.concatenate([[0], np.cumsum(lens, dtype=np.int64)]).astype(OFFSET_DTYPE)
+
+        sizes = np.fromiter((len(d) for d in docs), dtype=np.int64, count=len(docs))
+        return cls(src, tgt, offsets(src_lens), offsets(tgt_lens), offsets(sizes), has_tgt=has_tgt)
+
+    def sentence_lengths(self) -> SentenceLengths:
+        """What a unit's instances depend on (``Unit.bounds``): lengths and document bounds."""
+        return SentenceLengths(self.lengths("src"), self.lengths("tgt") if self.has_tgt else None, self.doc_offsets)
 
     def advise(self, name: str) -> None:
         """``madvise`` every mapping with ``mmap.MADV_<name>`` (no-op where the OS lacks it)."""
@@ -96,11 +125,12 @@ class MappedCorpus:
         """Documents: the corpus reads as the list of its documents (:meth:`__iter__`)."""
         return self.n_docs
 
-    def __iter__(self) -> Iterator[list[tuple[np.ndarray, np.ndarray]]]:
-        """Each document as (src_ids, tgt_ids) pairs of views, made one at a time."""
+    def __iter__(self) -> Iterator[list[tuple[np.ndarray, Optional[np.ndarray]]]]:
+        """Each document as (src_ids, tgt_ids) pairs of views (tgt_ids None without targets), made
+        one at a time."""
         off = self.doc_offsets.tolist()
         for a, b in zip(off[:-1], off[1:]):
-            yield [(self.sentence(i, "src"), self.sentence(i, "tgt")) for i in range(a, b)]
+            yield [(self.sentence(i, "src"), self.sentence(i, "tgt") if self.has_tgt else None) for i in range(a, b)]
 
     def lengths(self, side: str) -> np.ndarray:
         """Subword ids per sentence of one side (int64, without markup)."""
@@ -221,7 +251,7 @@ def open_mapped(folder: str, vocab_sizes: Optional[tuple[int, int]] = None, veri
         files[key] = open(os.path.join(folder, name), "rb", buffering=0)
         maps.append(mmap.mmap(files[key].fileno(), 0, access=mmap.ACCESS_READ))
         arrays[key] = np.frombuffer(maps[-1], dtype=dtype, count=sizes[key])
-    return MappedCorpus(**arrays, maps=maps, files=files)
+    return MappedCorpus(**arrays, maps=maps, files=files, folder=folder)
 
 
 class MappedWriter:
@@ -293,6 +323,8 @@ def write_mapped(folder: str, docs: Sequence[Sequence[tuple[np.ndarray, np.ndarr
 
 def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """``concat(arange(s, e) for s, e in zip(starts, ends))``, vectorised."""
+    if len(starts) == 1:  # one instance (``examples[i]``): the vectorised form's dozen calls cost ~50 µs
+        return np.arange(int(starts[0]), int(ends[0]), dtype=np.int64)
     lens = ends - starts
     total = int(lens.sum())
     if not total:
@@ -306,106 +338,23 @@ def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return np.cumsum(steps)
 
 
-def mark_concat(tokens: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """Sentences of ``lens`` ids one after the other in ``tokens``, each wrapped as ``<s> … </s>``
-    (int64): the concatenation of their ``mark_sentence`` arrays."""
-    marked = lens + 2
-    out = np.empty(int(marked.sum()), np.int64)
-    out_ends = np.cumsum(marked)
-    out_starts = out_ends - marked
-    inner = np.ones(len(out), bool)
-    inner[out_starts] = False
-    inner[out_ends - 1] = False
-    out[out_starts] = SOS_ID
-    out[out_ends - 1] = EOS_SENT_ID
-    out[inner] = tokens
-    return out
-
-
-def gather(flat: np.ndarray, offsets: np.ndarray, sents: np.ndarray, markup: bool) -> np.ndarray:
-    """The ids of sentences ``sents`` one after the other (int64), each as ``<s> … </s>`` when
-    ``markup``: the concatenation of the sentences' ``mark_sentence`` arrays, in one gather."""
-    starts, ends = offsets[sents], offsets[sents + 1]
-    tokens = flat[_ranges(starts, ends)].astype(np.int64)
-    return mark_concat(tokens, ends - starts) if markup else tokens
+def gather(
+    flat: np.ndarray,
+    offsets: np.ndarray,
+    sents: np.ndarray,
+    markup: bool,
+    ends: tuple[int, int] = (SOS_ID, EOS_SENT_ID),
+    dtype: np.dtype = np.dtype(np.int64),
+) -> np.ndarray:
+    """The values of sentences ``sents`` one after the other, each between ``ends`` when
+    ``markup``: for ids, the concatenation of the sentences' ``mark_sentence`` arrays in one
+    gather; a per-token field gets ``ends`` (0, 0) and keeps its own ``dtype``."""
+    starts, stops = offsets[sents], offsets[sents + 1]
+    values = flat[_ranges(starts, stops)].astype(dtype)
+    return mark_concat(values, stops - starts, *ends, dtype=dtype) if markup else values
 
 
 # ----------------------------------------------------------------------------- instances
-
-
-def _doc_of_sentence(corpus: MappedCorpus) -> np.ndarray:
-    return np.repeat(np.arange(corpus.n_docs, dtype=np.int64), np.diff(corpus.doc_offsets))
-
-
-def _too_long(corpus: MappedCorpus, max_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per sentence: source too long, target too long (all False without ``max_len``)."""
-    if not max_len:
-        z = np.zeros(corpus.n_sents, bool)
-        return z, z
-    return corpus.lengths("src") > max_len, corpus.lengths("tgt") > max_len
-
-
-def _any_in(flags: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    cs = np.concatenate([[0], np.cumsum(flags, dtype=np.int64)])
-    return cs[b] - cs[a] > 0
-
-
-def _token_windows(corpus: MappedCorpus, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-    """``instances._token_windows`` over every document: (start, end) sentences of runs within
-    ``max_tokens`` per side (markup and <bos>/<eos> counted). A loop over sentences, on ints."""
-    starts, ends = [], []
-    ls_all, lt_all = (corpus.lengths("src") + 2).tolist(), (corpus.lengths("tgt") + 2).tolist()
-    doc_off = corpus.doc_offsets.tolist()
-    for d0, d1 in zip(doc_off[:-1], doc_off[1:]):
-        start, src_len, tgt_len = d0, 1, 1
-        for i in range(d0, d1):
-            ls, lt = ls_all[i], lt_all[i]
-            if i > start and (src_len + ls > max_tokens or tgt_len + lt > max_tokens):
-                starts.append(start)
-                ends.append(i)
-                start, src_len, tgt_len = i, 1, 1
-            src_len += ls
-            tgt_len += lt
-        if d1 > d0:
-            starts.append(start)
-            ends.append(d1)
-    return np.array(starts, np.int64), np.array(ends, np.int64)
-
-
-def instance_bounds(corpus: MappedCorpus, unit: str, o: UnitOptions) -> tuple[np.ndarray, np.ndarray, int]:
-    """Each instance's sentences ``[a, b)`` (global indices, in the order ``Unit.instances``
-    gives them) and the number of pairs ``data.max_len`` drops, for a unit of :data:`MAPPED_UNITS`."""
-    n = corpus.n_sents
-    idx = np.arange(n, dtype=np.int64)
-    long_src, long_tgt = _too_long(corpus, o.max_len)
-    if unit == "sentence":
-        keep = ~(long_src | long_tgt)
-        return idx[keep], idx[keep] + 1, int(n - keep.sum())
-    if unit == "document":
-        a, b = _token_windows(corpus, o.max_tokens)
-        return a, b, 0
-    doc_start = corpus.doc_offsets[:-1][_doc_of_sentence(corpus)]
-    if unit == "context":
-        if o.max_sentences or not o.window_tokens:
-            doc_sizes = np.diff(corpus.doc_offsets)
-            sizes = np.full(n, o.max_sentences, np.int64) if o.max_sentences else np.repeat(doc_sizes, doc_sizes)
-            is_start = (idx - doc_start) % sizes == 0
-            a = idx[is_start]
-            doc_end = np.repeat(corpus.doc_offsets[1:], np.diff(corpus.doc_offsets))[is_start]
-            b = np.minimum(a + sizes[is_start], doc_end)
-        else:
-            a, b = _token_windows(corpus, o.window_tokens)
-        drop = _any_in(long_src | long_tgt, a, b)
-        return a[~drop], b[~drop], int((b - a)[drop].sum())
-    if unit in ("k_to_1", "k_to_k"):
-        a = np.maximum(doc_start, idx - o.context_sentences)
-        b = idx + 1
-        if unit == "k_to_k":
-            drop = _any_in(long_src | long_tgt, a, b)
-        else:  # the context's targets are not used
-            drop = _any_in(long_src, a, b) | long_tgt
-        return a[~drop], b[~drop], int(drop.sum())
-    raise ValueError(f"no mapped instances for unit '{unit}'")
 
 
 @dataclass
@@ -452,51 +401,89 @@ class IndexedExamples(Sequence[Example]):
 # and a small corpus is read for many epochs, where making them again each batch costs ~20% of a
 # small model's training step on the CPU; a larger corpus makes each when its batch is collated
 MEMO_IDS = 2_000_000
+ITER_CHUNK = 4096  # Examples made at once when iterating over all of them
+
+
+def _split(flat: np.ndarray, lens: np.ndarray) -> list[np.ndarray]:
+    """``flat`` cut into consecutive pieces of ``lens`` (views)."""
+    return [flat] if len(lens) == 1 else np.split(flat, np.cumsum(lens)[:-1]) if len(lens) else []
 
 
 class MappedExamples(IndexedExamples):
     """A unit's instances of a :class:`MappedCorpus` as two index arrays (8 bytes each per
-    instance); ``examples[i]`` is the :class:`Example` ``Unit.instances`` would give at index i,
-    made from the mapped ids when asked for (and kept, for a corpus of at most :data:`MEMO_IDS` ids)."""
+    instance): the unit ``unit`` (by name, through the unit registry: a plugin unit as a built-in
+    one) states them (``Unit.bounds``) and what each holds (``Unit.target_span``,
+    ``Unit.rows_are_sentences``, ``Unit.marked``). ``examples[i]`` is made from the corpus's ids
+    when asked for (and kept, for a corpus of at most :data:`MEMO_IDS` ids). ``fields``: per key,
+    one value per target id of the corpus (``example_fields.field_values``), given to each
+    instance's target like its ids, with 0 at the markup."""
 
-    def __init__(self, corpus: MappedCorpus, unit: str, options: UnitOptions) -> None:
-        if unit not in MAPPED_UNITS:
-            raise ValueError(f"no mapped instances for unit '{unit}'")
-        self.corpus, self.unit, self.options = corpus, unit, options
-        self.a, self.b, self.dropped = instance_bounds(corpus, unit, options)
-        self.markup = options.sentence_markup or unit != "sentence"
-        self.has_rows = unit == "context" and len(self.a) > 0
+    def __init__(
+        self, corpus: MappedCorpus, unit: str, options: UnitOptions, fields: Optional[Mapping[str, np.ndarray]] = None
+    ) -> None:
+        self.corpus = corpus
+        self.unit = unit_class(unit, "unit")(options)
+        self.a, self.b, self.dropped = self.unit.bounds(corpus.sentence_lengths())
+        self.markup = self.unit.marked()
+        self.rows = self.unit.rows_are_sentences()  # every sentence of an instance is a batch row
+        self.has_rows = self.rows and len(self.a) > 0
+        self.fields = dict(fields or {})
+        for key, values in self.fields.items():
+            if len(values) != len(corpus.tgt):
+                raise ValueError(f"field '{key}' has {len(values)} values for {len(corpus.tgt)} target ids")
         self._memo: Optional[dict[int, Example]] = {} if len(corpus.src) + len(corpus.tgt) <= MEMO_IDS else None
 
     def __len__(self) -> int:
         return len(self.a)
 
-    def _doc(self, sent: int) -> int:
-        return int(np.searchsorted(self.corpus.doc_offsets, sent, side="right")) - 1
+    def _doc_start(self, sents: np.ndarray) -> np.ndarray:
+        """The first sentence of the document of each of ``sents``."""
+        off = self.corpus.doc_offsets
+        return off[np.searchsorted(off, sents, side="right") - 1]
 
     def __getitem__(self, i: Union[int, slice]) -> Union[Example, list[Example]]:  # type: ignore[override]
         if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        if self._memo is None:
-            return self._make(int(i))
+            return self.make(np.arange(*i.indices(len(self))))
         i = int(i) if i >= 0 else len(self) + int(i)
+        if self._memo is None:
+            return self.make([i])[0]
         if i not in self._memo:
-            self._memo[i] = self._make(i)
+            self._memo[i] = self.make([i])[0]
         return self._memo[i]
 
-    def _make(self, i: int) -> Example:
-        """The Example at index ``i``, read from the mapped ids."""
-        a, b = int(self.a[i]), int(self.b[i])
-        c = self.corpus
-        d = self._doc(a)
-        d0 = int(c.doc_offsets[d])
-        src = self._marked(c.ids("src", a, b), c.src_offsets[a : b + 1])
-        if self.unit == "k_to_1":
-            return Example(src, self._marked(c.ids("tgt", b - 1, b), c.tgt_offsets[b - 1 : b + 1]), d, b - 1 - d0, 1)
-        ex = Example(src, self._marked(c.ids("tgt", a, b), c.tgt_offsets[a : b + 1]), d, a - d0, b - a)
-        if self.unit == "context":
-            ex.sent_lens = np.stack([np.diff(c.src_offsets[a : b + 1]), np.diff(c.tgt_offsets[a : b + 1])], axis=1) + 2
-        return ex
+    def __iter__(self) -> Iterator[Example]:
+        """Every Example in order, made a chunk at a time (``list(examples)``: translation's)."""
+        for start in range(0, len(self), ITER_CHUNK):
+            yield from self.make(np.arange(start, min(start + ITER_CHUNK, len(self))))
+
+    def make(self, idx: Sequence[int]) -> list[Example]:
+        """The Examples at ``idx``, read from the corpus's ids in one gather per side (an Example
+        at a time cost ~0.1 ms of numpy calls: a tenth of a second per thousand sentences translated)."""
+        c, idx = self.corpus, np.asarray(idx, dtype=np.int64)
+        a, b = self.a[idx], self.b[idx]
+        ta, tb = self.unit.target_span(a, b)
+        docs = np.searchsorted(c.doc_offsets, a, side="right") - 1
+        srcs = _split(gather(c.src, c.src_offsets, _ranges(a, b), self.markup), self._marked_sums("src", a, b))
+        tgts: list = [None] * len(idx)
+        extras: dict[str, list[np.ndarray]] = {}
+        if c.has_tgt:
+            tgt_sents, tgt_lens = _ranges(ta, tb), self._marked_sums("tgt", ta, tb)
+            tgts = _split(gather(c.tgt, c.tgt_offsets, tgt_sents, self.markup), tgt_lens)
+            for key, values in self.fields.items():
+                field_values = gather(values, c.tgt_offsets, tgt_sents, self.markup, (0, 0), values.dtype)
+                extras[key] = _split(field_values, tgt_lens)
+        first, n_sents = (ta - c.doc_offsets[docs]).tolist(), (tb - ta).tolist()
+        out = [Example(*e) for e in zip(srcs, tgts, docs.tolist(), first, n_sents)]
+        for key, parts in extras.items():
+            for ex, part in zip(out, parts):
+                ex.extra[key] = part
+        if self.rows:  # each sentence's marked (source, target) length; 0 without a target
+            sents = _ranges(a, b)
+            ls = c.lengths("src")[sents] + self._markup_ids()
+            lt = c.lengths("tgt")[sents] + self._markup_ids() if c.has_tgt else np.zeros(len(sents), np.int64)
+            for ex, part in zip(out, _split(np.stack([ls, lt], axis=1), b - a)):
+                ex.sent_lens = part
+        return out
 
     def batch_rows(self, idx: np.ndarray) -> "Rows":
         """The batch rows of instances ``idx`` as ``collate`` makes them from ``[self[i] for i in
@@ -504,56 +491,59 @@ class MappedExamples(IndexedExamples):
         sentences is ~600 of them: making each in Python cost more than a GPU step)."""
         c, idx = self.corpus, np.asarray(idx, dtype=np.int64)
         a, b = self.a[idx], self.b[idx]
-        ta, tb = (b - 1, b) if self.unit == "k_to_1" else (a, b)
-        first = ta if self.unit == "k_to_1" else a
-        if self.unit == "context":  # every sentence of a window is a row of its own
-            sents = _ranges(a, b)
+        if self.rows:  # every sentence of an instance is a row of its own
+            src_sents = tgt_sents = _ranges(a, b)
             owner = np.repeat(np.arange(len(idx), dtype=np.int64), b - a)
-            src = gather(c.src, c.src_offsets, sents, self.markup)
-            tgt = gather(c.tgt, c.tgt_offsets, sents, self.markup)
-            extra = 2 if self.markup else 0
-            src_lens, tgt_lens = c.lengths("src")[sents] + extra, c.lengths("tgt")[sents] + extra
-            doc_start = c.doc_offsets[np.searchsorted(c.doc_offsets, sents, side="right") - 1]
-            return Rows(src, src_lens, tgt, tgt_lens, owner, sents - doc_start)
-        src = gather(c.src, c.src_offsets, _ranges(a, b), self.markup)
-        tgt = gather(c.tgt, c.tgt_offsets, _ranges(ta, tb), self.markup)
-        doc_start = c.doc_offsets[np.searchsorted(c.doc_offsets, a, side="right") - 1]
-        owner = np.arange(len(idx), dtype=np.int64)
-        return Rows(
-            src, self._marked_sums("src", a, b), tgt, self._marked_sums("tgt", ta, tb), owner, first - doc_start
-        )
+            src_lens = c.lengths("src")[src_sents] + self._markup_ids()
+            tgt_lens = c.lengths("tgt")[tgt_sents] + self._markup_ids()
+            first = src_sents - self._doc_start(src_sents)
+        else:
+            ta, tb = self.unit.target_span(a, b)
+            src_sents, tgt_sents = _ranges(a, b), _ranges(ta, tb)
+            owner = np.arange(len(idx), dtype=np.int64)
+            src_lens, tgt_lens = self._marked_sums("src", a, b), self._marked_sums("tgt", ta, tb)
+            first = ta - self._doc_start(ta)
+        src = gather(c.src, c.src_offsets, src_sents, self.markup)
+        if not c.has_tgt:
+            return Rows(src, src_lens, None, None, owner, first)
+        tgt = gather(c.tgt, c.tgt_offsets, tgt_sents, self.markup)
+        extra = {
+            key: (gather(values, c.tgt_offsets, tgt_sents, self.markup, (0, 0), values.dtype), tgt_lens)
+            for key, values in self.fields.items()
+        }
+        return Rows(src, src_lens, tgt, tgt_lens, owner, first, extra)
 
-    def _marked(self, ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-        """Consecutive sentences' ``ids`` (their ``offsets``) as the instance holds them (int64)."""
-        return mark_concat(ids, np.diff(offsets)) if self.markup else ids.astype(np.int64)
+    def _markup_ids(self) -> int:
+        """Ids an instance's sentence holds besides its own: ``<s>`` and ``</s>``, when marked."""
+        return MARKUP if self.markup else 0
 
     def _tgt_bounds(self) -> tuple[np.ndarray, np.ndarray]:
-        return (self.b - 1 if self.unit == "k_to_1" else self.a), self.b
+        return self.unit.target_span(self.a, self.b)
 
     def _marked_sums(self, side: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Marked ids of sentences [a, b) of one side, per instance (cumulative sums kept: every batch asks)."""
         cache = self.__dict__.setdefault("_cumsums", {})
         if side not in cache:
-            cache[side] = np.concatenate([[0], np.cumsum(self.corpus.lengths(side) + (2 if self.markup else 0))])
+            cache[side] = np.concatenate([[0], np.cumsum(self.corpus.lengths(side) + self._markup_ids())])
         cs = cache[side]
         return cs[b] - cs[a]
 
     def lengths(self) -> Lengths:
         """See :meth:`IndexedExamples.lengths`."""
         ta, tb = self._tgt_bounds()
-        rows = np.ones(len(self), np.int64)
-        if self.unit != "context":
+        c, n = self.corpus, len(self)
+        if not self.rows:
             src = self._marked_sums("src", self.a, self.b)
-            return Lengths(src, self._marked_sums("tgt", ta, tb) + 1, rows)
-        c = self.corpus
-        ls, lt = c.lengths("src") + 2, c.lengths("tgt") + 2
+            tgt = self._marked_sums("tgt", ta, tb) + 1 if c.has_tgt else np.zeros(n, np.int64)
+            return Lengths(src, tgt, np.ones(n, np.int64))
+        ls, lt = c.lengths("src") + self._markup_ids(), c.lengths("tgt") + self._markup_ids()
+        row_tgt = lt + 1 if c.has_tgt else np.zeros_like(lt)  # a row's target gets <bos>/<eos>
         bounds = np.stack([self.a, self.b], axis=1).ravel()  # a0 b0 a1 b1 …; max over [a_i, b_i)
-        src = np.maximum.reduceat(np.append(ls, 0), bounds)[0::2] if len(self) else np.zeros(0, np.int64)
-        tgt = np.maximum.reduceat(np.append(lt, 0), bounds)[0::2] + 1 if len(self) else np.zeros(0, np.int64)
-        rows = self.b - self.a
+        src = np.maximum.reduceat(np.append(ls, 0), bounds)[0::2] if n else np.zeros(0, np.int64)
+        tgt = np.maximum.reduceat(np.append(row_tgt, 0), bounds)[0::2] if n else np.zeros(0, np.int64)
         cs_src = np.concatenate([[0], np.cumsum(ls)])
-        cs_real = np.concatenate([[0], np.cumsum(np.maximum(ls, lt + 1))])
-        return Lengths(src, tgt, rows, cs_src[self.b] - cs_src[self.a], cs_real[self.b] - cs_real[self.a])
+        cs_real = np.concatenate([[0], np.cumsum(np.maximum(ls, row_tgt))])
+        return Lengths(src, tgt, self.b - self.a, cs_src[self.b] - cs_src[self.a], cs_real[self.b] - cs_real[self.a])
 
     def digest_chunks(self, chunk: int = 8192) -> list[Iterator[bytes]]:
         """See :meth:`IndexedExamples.digest_chunks`."""
@@ -563,7 +553,7 @@ class MappedExamples(IndexedExamples):
 
         def shapes() -> Iterator[bytes]:
             src_len, tgt_len = self._marked_sums("src", self.a, self.b), self._marked_sums("tgt", ta, tb)
-            rows = self.b - self.a if self.unit == "context" else np.ones(n, np.int64)
+            rows = self.b - self.a if self.rows else np.ones(n, np.int64)
             for i, j in spans:
                 yield np.stack([src_len[i:j], tgt_len[i:j], rows[i:j]], axis=1).astype(np.int64).tobytes()
 
@@ -578,12 +568,32 @@ class MappedExamples(IndexedExamples):
         def rows() -> Iterator[bytes]:
             if not self.has_rows:
                 return
-            ls, lt = c.lengths("src") + 2, c.lengths("tgt") + 2
+            ls, lt = c.lengths("src") + self._markup_ids(), c.lengths("tgt") + self._markup_ids()
             for i, j in spans:
                 sents = _ranges(self.a[i:j], self.b[i:j])
                 yield np.stack([ls[sents], lt[sents]], axis=1).astype(np.int64).tobytes()
 
         return [shapes(), ids(c.src, c.src_offsets, self.a, self.b), ids(c.tgt, c.tgt_offsets, ta, tb), rows()]
+
+
+def build_instances(
+    unit: str,
+    docs: Sequence[Sequence[tuple]],
+    max_tokens: int = 512,
+    max_len: int = 0,
+    max_sentences: int = 0,
+    window_tokens: int = 0,
+    context_sentences: int = 1,
+    sentence_markup: bool = True,
+) -> tuple[list[Example], int]:
+    """The Examples of tokenized ``docs`` held in memory (pairs of id arrays or lists, targets None
+    when translating) for the unit ``unit`` and the pairs ``max_len`` dropped: the training
+    pipeline's code (:class:`MappedExamples`) over arrays built in memory. The options are the
+    ``data`` keys of :class:`~onmt_doc.data.instances.UnitOptions` and translation's
+    ``window_tokens``."""
+    options = UnitOptions(max_tokens, max_len, max_sentences, window_tokens, context_sentences, sentence_markup)
+    examples = MappedExamples(MappedCorpus.from_documents(docs), unit, options)
+    return list(examples), examples.dropped
 
 
 class ConcatExamples(IndexedExamples):

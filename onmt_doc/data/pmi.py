@@ -17,7 +17,7 @@ made when z* is computed, not when counting (the table holds counts only, so one
 - ``per_scenario``: each scenario's own Z (the sum of its pair counts); this adds
   log(Z_bi / Z_mono) ≈ log 2 to every bilingual PMI and so favours z* = 1.
 
-An unseen pair has pmi −inf. z* caches record the normaliser they were computed with.
+An unseen pair has pmi −inf. A z* cache is named by the table's digest, which covers the normaliser.
 
 ``z*_i = 1[max_j pmi(y_i, x_j) > max_{k<i} pmi(y_i, y_k)]`` (eq. 7). A max over nothing is −inf:
 the first target token gets 1 when it was seen with any source token, a token seen with nothing
@@ -33,6 +33,8 @@ import hashlib
 import json
 import logging
 import os
+import struct
+import zlib
 from dataclasses import dataclass
 from itertools import islice
 from typing import TYPE_CHECKING, Iterable, Iterator, Literal, Optional, Protocol, Sequence
@@ -46,7 +48,7 @@ from onmt_doc.errors import ConfigError, UserError
 from onmt_doc.outputs import Input, input_problem, output_file
 
 if TYPE_CHECKING:
-    from onmt_doc.data.instances import Example
+    from onmt_doc.data.mapped import MappedCorpus
 
 log = logging.getLogger("onmt_doc")
 
@@ -388,12 +390,28 @@ def z_star(
 def _z_star_chunk(
     table: PMITable, src: Sequence[np.ndarray], tgt: Sequence[np.ndarray], queries: Optional[Sequence[np.ndarray]]
 ) -> list[np.ndarray]:
-    t_flat, t_len, t_start = _flatten(tgt)
+    t_flat, t_len, _ = _flatten(tgt)
     q_flat = t_flat if queries is None else _flatten(queries)[0]
     if len(q_flat) != len(t_flat):
         raise ValueError("queries must have one token per target position")
-    s_flat, s_len, s_start = _flatten(src)
-    sent = np.repeat(np.arange(len(tgt), dtype=np.int64), t_len)
+    s_flat, s_len, _ = _flatten(src)
+    z = _z_star_flat(table, s_flat, s_len, t_flat, t_len, q_flat)
+    return np.split(z, np.cumsum(t_len)[:-1]) if len(tgt) else []
+
+
+def _z_star_flat(
+    table: PMITable,
+    s_flat: np.ndarray,
+    s_len: np.ndarray,
+    t_flat: np.ndarray,
+    t_len: np.ndarray,
+    q_flat: Optional[np.ndarray] = None,
+) -> np.ndarray:
+    """eq. 7 at every position of sentence pairs given as flat int64 ids and lengths per side
+    (``q_flat``: the tokens put at the positions, default the targets themselves): flat int8."""
+    q_flat = t_flat if q_flat is None else q_flat
+    s_start, t_start = np.cumsum(s_len) - s_len, np.cumsum(t_len) - t_len
+    sent = np.repeat(np.arange(len(t_len), dtype=np.int64), t_len)
     # max_j pmi(y_i, x_j): every position with every source token of its sentence
     n_src = s_len[sent]
     x = s_flat[np.repeat(s_start[sent], n_src) + ragged_arange(n_src)]
@@ -402,8 +420,7 @@ def _z_star_chunk(
     n_prev = ragged_arange(t_len)
     prev = t_flat[np.repeat(t_start[sent], n_prev) + ragged_arange(n_prev)]
     target = _group_max(table.monolingual(np.repeat(q_flat, n_prev), prev), n_prev)
-    z = (source > target).astype(np.int8)  # eq. 7
-    return np.split(z, np.cumsum(t_len)[:-1]) if len(tgt) else []
+    return (source > target).astype(np.int8)  # eq. 7
 
 
 def z_star_share(table: PMITable, pairs: Iterable[Pair], chunk: int = 2048) -> tuple[int, int]:
@@ -420,72 +437,81 @@ def z_star_share(table: PMITable, pairs: Iterable[Pair], chunk: int = 2048) -> t
 # ----------------------------------------------------------------------------- training data
 
 
-def _ids_digest(h: "hashlib._Hash", seqs: Sequence[np.ndarray]) -> None:
-    flat, lengths, _ = _flatten(seqs)
-    h.update(lengths.tobytes())
-    h.update(flat.tobytes())
+def corpus_z_star(table: PMITable, corpus: MappedCorpus, chunk: int = 2048) -> np.ndarray:
+    """z* of every target token of ``corpus`` (int8, aligned with its target ids: each sentence is
+    its own pair (x, y_<i), even inside a document), computed ``chunk`` sentences at a time.
+    A corpus with a cache folder keeps it there, beside the ids, as ``zstar-<table digest>.i8``
+    (the digest covers the counts and the normaliser; the file ends with the CRC-32 of its values,
+    checked on every open like the ids', docs/reliability.md), read back memory-mapped: a batch
+    reads its tokens' z* like their ids, and nothing of it stays in a process's private memory."""
+    path = os.path.join(corpus.folder, f"zstar-{table.digest()[:24]}.i8") if corpus.folder else None
+    n = len(corpus.tgt)
+    if path and os.path.exists(path):
+        problem = _z_star_file_problem(path, n)
+        if problem is None:
+            return _read_mapped(path, n)
+        log.warning("%s: %s; computing z* again", path, problem)
+    parts = _corpus_chunks(table, corpus, chunk)
+    if not path:
+        return np.concatenate([np.zeros(0, np.int8), *parts])
+    crc = 0
+    with output_file(path, flag="", binary=True) as f:
+        for z in parts:
+            f.write(z.tobytes())
+            crc = zlib.crc32(z.tobytes(), crc)
+        f.write(struct.pack("<I", crc))
+    return _read_mapped(path, n)
 
 
-def _read_z_cache(path: str, normaliser: str) -> Optional[list[np.ndarray]]:
-    """Cached z*, or None (recompute) when the file records another normaliser or none (a cache
-    written before the normaliser was a choice: per-scenario Z)."""
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            if "normaliser" not in f.files or str(f["normaliser"]) != normaliser:
-                return None
-            flat, lengths = f["z"], f["lengths"]
-    except Exception as e:  # a damaged cache file is recomputed, not a failed run
-        log.warning("%s: unreadable z* cache (%s); computing z* again", path, type(e).__name__)
-        return None
-    return np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
+def _z_star_file_problem(path: str, n: int) -> Optional[str]:
+    """Why the z* cache at ``path`` is not the ``n`` values written with their CRC-32 (None: it is),
+    in one sequential read of blocks (never mapped: the check leaves nothing resident)."""
+    size = os.path.getsize(path)
+    if size != n + 4:
+        return f"a damaged z* cache ({size} bytes for {n} tokens and a CRC-32)"
+    crc, left = 0, n
+    with open(path, "rb") as f:
+        while left:
+            block = f.read(min(left, 1 << 24))
+            if not block:
+                return "a damaged z* cache (cut while read)"
+            crc, left = zlib.crc32(block, crc), left - len(block)
+        (recorded,) = struct.unpack("<I", f.read(4))
+    return None if crc == recorded else "a damaged z* cache (CRC-32 mismatch: its bytes changed since written)"
 
 
-def sentence_z_star(
-    table: PMITable, docs: Sequence[Sequence[Pair]], cache_dir: Optional[str] = None
-) -> list[list[np.ndarray]]:
-    """z* of every sentence of tokenized documents, read from or written to ``cache_dir``."""
-    src = [s for d in docs for s, _ in d]
-    tgt = [t for d in docs for _, t in d]
-    path = None
-    if cache_dir:
-        h = hashlib.sha256(table.digest().encode())
-        _ids_digest(h, src)
-        _ids_digest(h, tgt)
-        path = os.path.join(cache_dir, f"zstar-{h.hexdigest()[:24]}.npz")
-    zs = _read_z_cache(path, table.normaliser) if path and os.path.exists(path) else None
-    if zs is None:
-        zs = z_star(table, src, tgt)
-        if path:
-            with output_file(path, flag="", binary=True, make_folder=True) as f:
-                np.savez(
-                    f,
-                    z=np.concatenate(zs) if zs else np.zeros(0, np.int8),
-                    lengths=np.array([len(t) for t in tgt], dtype=np.int64),
-                    normaliser=np.array(table.normaliser),
-                )
-    out, i = [], 0
-    for d in docs:
-        out.append(zs[i : i + len(d)])
-        i += len(d)
-    return out
+def _corpus_chunks(table: PMITable, corpus: MappedCorpus, chunk: int) -> Iterator[np.ndarray]:
+    """z* of ``corpus``'s target ids, ``chunk`` sentences at a time."""
+    for i in range(0, corpus.n_sents, chunk):
+        j = min(i + chunk, corpus.n_sents)
+        s_flat, t_flat = corpus.ids("src", i, j).astype(np.int64), corpus.ids("tgt", i, j).astype(np.int64)
+        s_len, t_len = np.diff(corpus.src_offsets[i : j + 1]), np.diff(corpus.tgt_offsets[i : j + 1])
+        yield _z_star_flat(table, s_flat, s_len, t_flat, t_len)
 
 
-def attach_z_star(
-    examples: Sequence, docs: Sequence[Sequence[Pair]], table: PMITable, cache_dir: Optional[str] = None
-) -> None:
-    """Set ``extra["z_star"]`` and ``extra["z_star_mask"]`` of every example, aligned with its
-    target ``<s> y_1 … y_n </s> …``: markup gets no supervision (mask 0), and collation adds a 0
-    for ``<eos>`` and padding. Each sentence is its own pair (x, y_<i) even inside a document."""
-    per_sentence = sentence_z_star(table, docs, cache_dir)
-    for ex in examples:
-        z_parts, m_parts = [], []
-        for z in per_sentence[ex.doc][ex.first : ex.first + ex.n_sents]:
-            z_parts += [[0], z, [0]]
-            m_parts += [[0], np.ones(len(z), np.int8), [0]]
-        ex.extra["z_star"] = np.concatenate(z_parts).astype(np.int8)
-        ex.extra["z_star_mask"] = np.concatenate(m_parts).astype(np.int8)
-        if len(ex.extra["z_star"]) != len(ex.tgt):
-            raise ValueError(f"z* of document {ex.doc} does not match its target length")
+def _read_mapped(path: str, n: int) -> np.ndarray:
+    """The first ``n`` int8 values of a cached file, memory-mapped read-only (the CRC-32 after them
+    is not part of the array)."""
+    return np.memmap(path, dtype=np.int8, mode="r", shape=(n,)) if n else np.zeros(0, np.int8)
+
+
+def z_star_fields(table: PMITable, corpus: MappedCorpus) -> dict[str, np.ndarray]:
+    """The z* field's arrays for ``corpus`` (one value per target id): ``z_star`` and
+    ``z_star_mask``, 1 on every token (the instances give the markup 0: no supervision)."""
+    z = corpus_z_star(table, corpus)
+    return {"z_star": z, "z_star_mask": np.broadcast_to(np.int8(1), z.shape)}
+
+
+def _ones_in(z: np.ndarray) -> int:
+    """How many values of a z* array are 1, read from its file (if mapped) in blocks: a pass over a
+    mapped array would leave it all in the resident set."""
+    if not isinstance(z, np.memmap):
+        return int(z.sum(dtype=np.int64))
+    ones = 0
+    with open(z.filename, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            ones += int(np.frombuffer(block, np.int8).sum(dtype=np.int64))
+    return ones
 
 
 class ZStarSection(Protocol):
@@ -499,10 +525,11 @@ class ZStarSection(Protocol):
 
 @register_field(Z_STAR)
 class ZStarField:
-    """The z* field: eq. 7's labels of every training example, cached next to the binarized data
-    and keyed by the table's counts and normaliser. Reads the asking section's keys ``table`` (a
-    PMI table of this run's vocabularies) and ``normaliser``; the table is loaded when the field
-    is built, so a missing or foreign table fails before any data is read."""
+    """The z* field: eq. 7's labels of every target token of a corpus (:func:`corpus_z_star`),
+    cached in its cache folder beside its ids, named by the table's counts and normaliser. Reads
+    the asking section's keys ``table`` (a PMI table of this run's vocabularies) and
+    ``normaliser``; the table is loaded when the field is built, so a missing or foreign table
+    fails before any data is read."""
 
     keys = ("z_star", "z_star_mask")
 
@@ -513,17 +540,17 @@ class ZStarField:
             )
         self.who = section.type
         self.table = PMITable.load(section.table, ctx.codec, section.normaliser)
-        self.cache_dir = ctx.cache_dir
 
-    def attach(self, examples: Sequence[Example], docs: Sequence[Sequence[Pair]]) -> None:
-        """Set z* on every example (``FieldProvider`` contract) and log the share of tokens labelled source."""
-        attach_z_star(examples, docs, self.table, self.cache_dir)
-        labeled = sum(int(e.extra["z_star_mask"].sum()) for e in examples)
-        source = sum(int(e.extra["z_star"].sum()) for e in examples)
+    def values(self, corpus: MappedCorpus) -> dict[str, np.ndarray]:
+        """z* of ``corpus`` (``FieldProvider`` contract), and a log line with the share of its
+        target tokens labelled source."""
+        fields = z_star_fields(self.table, corpus)
+        tokens = len(fields["z_star"])
         log.info(
             "%s: z* of %d target tokens, %.1f%% on the source side (z* = 1, %s normaliser)",
             self.who,
-            labeled,
-            100.0 * source / max(labeled, 1),
+            tokens,
+            100.0 * _ones_in(fields["z_star"]) / max(tokens, 1),
             self.table.normaliser,
         )
+        return fields

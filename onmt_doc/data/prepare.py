@@ -27,9 +27,9 @@ from onmt_doc.config.data import CorpusConfig, DataConfig, VocabConfig
 from onmt_doc.data.cache import load_mapped
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import iter_lines, iter_parallel
-from onmt_doc.data.example_fields import FieldProvider, attach_fields
-from onmt_doc.data.instances import Example, Unit, UnitOptions, unit_class
-from onmt_doc.data.mapped import MAPPED_UNITS, MappedCorpus, MappedExamples
+from onmt_doc.data.example_fields import FieldProvider, field_values
+from onmt_doc.data.instances import UnitOptions
+from onmt_doc.data.mapped import MappedCorpus, MappedExamples
 from onmt_doc.data.progress import Progress
 from onmt_doc.data.tokenizer import Subword
 from onmt_doc.data.vocab import Vocab
@@ -340,14 +340,14 @@ def load_examples(
     filter_long: bool = True,
     fields: Sequence[FieldProvider] = (),
     documents: Optional[bool] = None,
-) -> tuple[Sequence[Example], MappedCorpus]:
+) -> tuple[MappedExamples, MappedCorpus]:
     """Instances of a parallel corpus for ``unit`` with the per-example ``fields`` (the ones losses
-    ask for) attached, and its memory-mapped binarized corpus. ``documents``: the corpus' own flag
+    ask for), and its memory-mapped binarized corpus. ``documents``: the corpus' own flag
     (None = ``data.documents``); ``false`` makes each line a one-sentence document.
 
-    The built-in units' instances are index arrays over the mapped corpus (:class:`MappedExamples`:
-    the same examples, made when a batch is collated); a plugin unit, or a loss asking for fields
-    (they fill each ``Example.extra``), gets a list of examples in memory."""
+    The instances are index arrays over the mapped corpus (:class:`MappedExamples`, for every
+    registered unit: the unit states them), the fields arrays beside its target ids (cached in its
+    folder); an Example or a batch is read from them when asked for."""
     documents = data.documents if documents is None else documents
     cache_dir = data_cache_dir(data, run_dir)
     corpus, cached = load_mapped(src, tgt, codec, documents, data.max_line_chars, cache_dir, data.workers)
@@ -358,13 +358,8 @@ def load_examples(
         context_sentences=data.context_sentences,
         sentence_markup=data.sentence_markup,
     )
-    examples: Sequence[Example]
-    cls = unit_class(unit, "unit")
-    if unit in MAPPED_UNITS and cls.__module__ == Unit.__module__:
-        examples = MappedExamples(corpus, unit, options)
-        dropped = examples.dropped
-    else:
-        examples, dropped = cls(options).instances(corpus.documents())
+    examples = MappedExamples(corpus, unit, options, field_values(fields, corpus))
+    dropped = examples.dropped
     log.info(
         "%s: %d documents, %d sentence pairs -> %d %s instances%s%s",
         src,
@@ -375,7 +370,4 @@ def load_examples(
         " (binarized cache)" if cached else "",
         f"; {dropped} pairs dropped by data.max_len={data.max_len}" if dropped else "",
     )
-    if fields:
-        examples = list(examples)
-        attach_fields(examples, corpus.documents(), fields)
     return examples, corpus

@@ -24,8 +24,9 @@ from onmt_doc.config import Config
 from onmt_doc.data.batching import collate, ordered_batches
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import read_parallel
-from onmt_doc.data.instances import Example, build_instances
-from onmt_doc.data.pmi import PMITable, attach_z_star, z_star
+from onmt_doc.data.instances import Example, UnitOptions
+from onmt_doc.data.mapped import MappedCorpus, MappedExamples
+from onmt_doc.data.pmi import PMITable, z_star, z_star_fields
 from onmt_doc.data.vocab import PAD_ID
 from onmt_doc.losses.gate_hinge import gate_hinge
 from onmt_doc.models.model import EncoderDecoder
@@ -129,8 +130,9 @@ def analyse_gates(
     for d in text:
         docs.append(list(zip(flat_src[i : i + len(d)], flat_tgt[i : i + len(d)])))
         i += len(d)
-    examples, _ = build_instances(model.unit, docs, cfg.data.max_tokens, sentence_markup=cfg.data.sentence_markup)
-    attach_z_star(examples, docs, table)
+    corpus = MappedCorpus.from_documents(docs)
+    options = UnitOptions(cfg.data.max_tokens, sentence_markup=cfg.data.sentence_markup)
+    examples = list(MappedExamples(corpus, model.unit, options, z_star_fields(table, corpus)))
     model.eval()
     result = GateAnalysis()
     for idx in ordered_batches(examples, batch_tokens):

@@ -33,7 +33,6 @@ from onmt_doc.data.mapped import ConcatExamples, IndexedExamples
 from onmt_doc.data.prepare import (
     binarize_corpora,
     build_codec,
-    data_cache_dir,
     load_codec,
     load_examples,
     train_corpora,
@@ -139,7 +138,7 @@ def build_run(cfg: Config, ctx: DistContext) -> RunParts:
         torch.manual_seed(cfg.train.seed + ctx.rank)
     losses = build_losses(cfg.loss, codec=codec)
     # the per-example fields the losses ask for (e.g. z*), cached next to the binarized data
-    train_fields, valid_fields = loss_fields(losses, FieldContext(codec, data_cache_dir(cfg.data, run_dir)))
+    train_fields, valid_fields = loss_fields(losses, FieldContext(codec))
     optimizer = build_optimizer(cfg.optim, groups)
     schedule = build_schedule(cfg.optim.schedule, cfg.model.d_model, cfg.train.max_steps)
     dtype = amp_dtype(cfg.train.amp, ctx.device)
@@ -186,7 +185,7 @@ def load_training_data(
 ) -> tuple[Sequence[Example], CorpusMix]:
     """Every training corpus' instances for ``unit`` in one sequence (corpus after corpus), and the
     CorpusMix that describes it for the sampler."""
-    parts: list[Sequence[Example]] = []
+    parts: list[IndexedExamples] = []
     sizes = []
     corpora = train_corpora(data)
     for c in corpora:
@@ -195,10 +194,7 @@ def load_training_data(
             raise UserError(f"{c.src}: no training examples (all filtered by data.max_len?)")
         parts.append(loaded)
         sizes.append(len(loaded))
-    examples: Sequence[Example] = parts[0]
-    if len(parts) > 1:  # lists when losses ask for fields (load_examples)
-        indexed = all(isinstance(p, IndexedExamples) for p in parts)
-        examples = ConcatExamples(parts) if indexed else [e for p in parts for e in p]
+    examples: Sequence[Example] = parts[0] if len(parts) == 1 else ConcatExamples(parts)
     mix = CorpusMix([c.name for c in corpora], sizes, [c.weight for c in corpora])
     if len(corpora) > 1:
         log.info(

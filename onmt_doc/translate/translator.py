@@ -46,6 +46,7 @@ from onmt_doc.data.instances import (
     unit_class,
 )
 from onmt_doc.data.line_splitting import split_line
+from onmt_doc.data.mapped import MappedCorpus, MappedExamples
 from onmt_doc.data.vocab import EOS_SENT_ID, PAD_ID, SOS_ID
 from onmt_doc.errors import ConfigError, UserError
 from onmt_doc.models.model import EncoderDecoder
@@ -310,22 +311,26 @@ class Translator:
             i += len(d)
         return tok_docs, pieces
 
-    def _unit(self) -> Unit:
-        """The model's unit with the options translation builds instances with: documents
-        windowed to ``data.max_tokens`` (HM-GDC: ``translate.window_sentences``)."""
+    def _unit_options(self) -> UnitOptions:
+        """The options translation builds instances with: documents windowed to ``data.max_tokens``
+        (HM-GDC: ``translate.window_sentences``)."""
         data = self.cfg.data
-        options = UnitOptions(
+        return UnitOptions(
             max_tokens=data.max_tokens,
             max_sentences=self.opt.window_sentences or data.max_sentences,
             window_tokens=data.max_tokens,
             context_sentences=data.context_sentences,
             sentence_markup=data.sentence_markup,
         )
-        return unit_class(self.model.unit, "unit")(options)
+
+    def _unit(self) -> Unit:
+        """The model's unit with translation's options."""
+        return unit_class(self.model.unit, "unit")(self._unit_options())
 
     def _instances(self, tok_docs: list[list[tuple]]) -> list[Example]:
-        examples, _ = self._unit().instances(tok_docs)
-        return examples
+        """The instances of tokenized documents: training's code (``MappedExamples``) over arrays
+        built in memory."""
+        return list(MappedExamples(MappedCorpus.from_documents(tok_docs), self.model.unit, self._unit_options()))
 
     def _context(
         self, docs: list[list], tok_docs: list[list[tuple]], with_target: bool
