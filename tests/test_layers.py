@@ -130,6 +130,17 @@ def test_the_benchmarks_import_without_a_circle():
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
+def test_the_hostile_review_imports_without_a_circle():
+    """tools/hostile/ (the review's steps, server scenarios and fixtures; the import tests use the
+    fixtures too) imports without a cycle: fixtures below steps, steps below scenarios."""
+    tools = REPO / "tools"
+    paths = {".".join(p.relative_to(tools).with_suffix("").parts): p for p in (tools / "hostile").glob("*.py")}
+    graph = {m: module_level_imports(p, "hostile", set(paths)) - {m} for m, p in paths.items()}
+    assert graph["hostile.scenarios"] >= {"hostile.steps", "hostile.fixtures"}  # the reader sees them
+    cycles = cycles_of(graph)
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
 def test_the_graph_reader_sees_lazy_and_type_checking_imports(tmp_path):
     """The checks above are only as good as this reader: it must see every kind of import."""
     src = tmp_path / "m.py"
