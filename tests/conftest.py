@@ -23,6 +23,9 @@ if os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("OMP_NUM_THREADS
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or min(2, os.cpu_count() or 1))
 
 REPO = Path(__file__).resolve().parent.parent
+# tools/hostile/fixtures.py builds the fakes (an OpenNMT-py checkpoint, a Marian folder) the review and
+# the import tests share: ``from hostile.fixtures import ...`` (appended, so nothing of tests/ is shadowed)
+sys.path.append(str(REPO / "tools"))
 
 # the devices present: device-sensitive tests run on each (``-m devices`` selects them on a GPU machine)
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

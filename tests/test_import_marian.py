@@ -1,5 +1,6 @@
-"""Marian / OPUS-MT import: a tiny random ``MarianMTModel`` built here with transformers, written in
-the Hugging Face layout with SentencePiece models trained here, imports; our forced-decoding
+"""Marian / OPUS-MT import: a tiny random Marian model in the Hugging Face layout with SentencePiece
+models trained here (tools/hostile/fixtures.py's ``write_marian``, the hostile review's builder too),
+imports; our forced-decoding
 log-probabilities equal transformers' own forward pass, greedy translations equal its ``generate``;
 the CTranslate2 export gives the same tokens; ``init_from`` carries the weights into document
 models; unsupported configs, missing files and mismatched vocabularies are refused in one line.
@@ -8,7 +9,6 @@ No network: nothing is downloaded."""
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import shutil
 import struct
@@ -19,11 +19,13 @@ import numpy as np
 import pytest
 import torch
 from conftest import module_cmd, run_cli
+from hostile.fixtures import MARIAN_SRC, MARIAN_TGT, write_marian
 
 transformers = pytest.importorskip(
     "transformers", reason="the Marian reference is transformers' MarianMTModel: pip install -e '.[marian]'"
 )
-spm = pytest.importorskip("sentencepiece", reason="tiny SentencePiece models are trained here: '.[marian]'")
+pytest.importorskip("sentencepiece", reason="tiny SentencePiece models are trained here: '.[marian]'")
+pytest.importorskip("safetensors", reason="the Marian folder's weights are model.safetensors: '.[marian]'")
 
 from onmt_doc.convert.marian import import_marian  # noqa: E402
 from onmt_doc.data.batching import collate  # noqa: E402
@@ -38,72 +40,14 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses"),  # MarianTokenizer's, not ours
 ]
 
-SRC_TEXT = [
-    "the cat sat on the mat .", "a dog saw the cat .", "she gave him the book .", "they went home early .",
-    "he said that it was late .", "we like green apples .", "the house is big and old .", "it rains today .",
-]  # fmt: skip
-TGT_TEXT = [
-    "die katze sass auf der matte .", "ein hund sah die katze .", "sie gab ihm das buch .", "sie gingen frueh heim .",
-    "er sagte dass es spaet war .", "wir moegen gruene aepfel .", "das haus ist gross und alt .", "es regnet heute .",
-]  # fmt: skip
-SPECIAL_PIECES = {"<unk>", "<s>", "</s>"}
-
-
-def _spm(lines: list[str], size: int) -> tuple[bytes, list[str]]:
-    """A tiny SentencePiece model trained here, and its ordinary pieces."""
-    buf = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines * 4), model_writer=buf, vocab_size=size, character_coverage=1.0,
-        model_type="unigram", minloglevel=2,
-    )  # fmt: skip
-    proc = spm.SentencePieceProcessor(model_proto=buf.getvalue())
-    pieces = [proc.id_to_piece(i) for i in range(proc.get_piece_size())]
-    return buf.getvalue(), [p for p in pieces if p not in SPECIAL_PIECES]
-
-
-def write_marian(
-    folder: Path, seed: int = 0, safetensors: bool = True, text: tuple = (SRC_TEXT, TGT_TEXT), pieces: int = 40, **over
-) -> Path:
-    """A random Marian model in the Hugging Face layout (what ``huggingface-cli download`` gives),
-    with SentencePiece models of ``pieces`` pieces learned on ``text`` (source and target lines)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    src_model, src_pieces = _spm(text[0], pieces)
-    tgt_model, tgt_pieces = _spm(text[1], pieces)
-    pieces = ["</s>", "<unk>", *sorted(set(src_pieces) | set(tgt_pieces)), "<pad>"]  # Marian's order
-    vocab = {p: i for i, p in enumerate(pieces)}
-    pad = len(pieces) - 1
-    settings = dict(
-        vocab_size=len(pieces), d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
-        decoder_attention_heads=4, encoder_ffn_dim=24, decoder_ffn_dim=40, max_position_embeddings=64,
-        activation_function="swish", scale_embedding=True, pad_token_id=pad, eos_token_id=0,
-        decoder_start_token_id=pad, forced_eos_token_id=None, dropout=0.1, attention_dropout=0.0, init_std=0.3,
-    )  # fmt: skip
-    settings.update(over)
-    torch.manual_seed(seed)
-    model = transformers.MarianMTModel(transformers.MarianConfig(**settings)).eval()
-    with torch.no_grad():  # random norms and output bias too, so a mapping mistake shows
-        for name, p in model.named_parameters():
-            if "layer_norm" in name:
-                p.add_(torch.randn_like(p) * 0.2)
-        model.final_logits_bias.normal_(0.0, 0.5)
-        model.final_logits_bias[0, 1] -= 4.0  # <unk>: random models otherwise repeat it
-        model.final_logits_bias[0, 0] += 2.5  # </s>: sentences of several lengths
-    model.save_pretrained(folder)
-    if not safetensors:  # the older layout: a (weights-only) pickle of the state dict
-        state = {k: v for k, v in model.state_dict().items() if "embed_positions" not in k}
-        (folder / "model.safetensors").unlink()
-        torch.save(state, folder / "pytorch_model.bin")
-    (folder / "source.spm").write_bytes(src_model)
-    (folder / "target.spm").write_bytes(tgt_model)
-    (folder / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
-    return folder
+SRC_TEXT, TGT_TEXT = MARIAN_SRC, MARIAN_TGT  # write_marian's default text
 
 
 @pytest.fixture(scope="module")
 def marian(tmp_path_factory) -> tuple[Path, Path]:
     """(the Marian folder, its import without markup)."""
     tmp = tmp_path_factory.mktemp("marian")
-    folder = write_marian(tmp / "opus-mt-xx-yy")
+    folder = write_marian(tmp / "opus-mt-xx-yy", seed=3)  # a random model whose greedy outputs differ (see below)
     out = tmp / "imported.pt"
     r = run_cli(*module_cmd("onmt_doc.bin.import_marian"), "-model", str(folder), "-output", str(out))
     assert r.returncode == 0, r.stderr
@@ -350,7 +294,7 @@ def toy_marian(toy_dir, tmp_path_factory) -> tuple[Path, Path]:
     src = (toy_dir / "train.src").read_text(encoding="utf-8").split("\n")[:3000]
     tgt = (toy_dir / "train.tgt").read_text(encoding="utf-8").split("\n")[:3000]
     folder = write_marian(
-        tmp / "m", seed=5, text=([x for x in src if x], [x for x in tgt if x]), pieces=90, init_std=0.05
+        tmp / "m", seed=6, text=([x for x in src if x], [x for x in tgt if x]), pieces=90, init_std=0.05
     )
     run = tmp / "run"
     r = run_cli(

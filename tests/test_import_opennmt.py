@@ -5,7 +5,6 @@ unmapped parameters and unsafe pickles are refused in one line."""
 
 from __future__ import annotations
 
-import argparse
 import fractions
 import math
 import re
@@ -16,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import module_cmd, run_cli
+from hostile.fixtures import ONMT_VOCAB, ONMT_WORDS, onmt_opt, onmt_state, write_onmt
 
 from onmt_doc.config import config_from_dict
 from onmt_doc.convert.opennmt import import_opennmt
@@ -28,89 +28,9 @@ from onmt_doc.translate.translator import Translator
 
 pytestmark = pytest.mark.integration  # trains models or starts processes (README: fast tests alone)
 
+# the fake checkpoint's sizes: tools/hostile/fixtures.py's defaults (the hostile review builds its fakes there too)
 D, HEADS, FF, ENC, DEC, EPS = 16, 2, 24, 2, 2, 1e-6
-WORDS = [f"w{i}" for i in range(13)]
-ONMT_VOCAB = ["<unk>", "<blank>", "<s>", "</s>", *WORDS, "averyunlikelytoken0"]  # 3.x order, padded to x8
-
-
-def _opt(**over) -> argparse.Namespace:
-    opt = dict(
-        model_task="seq2seq", encoder_type="transformer", decoder_type="transformer", enc_layers=ENC,
-        dec_layers=DEC, enc_hid_size=D, dec_hid_size=D, src_word_vec_size=D, tgt_word_vec_size=D, heads=HEADS,
-        transformer_ff=FF, dropout=[0.1], attention_dropout=[0.1], position_encoding=True,
-        position_encoding_type="SinusoidalInterleaved", max_relative_positions=0, layer_norm="standard",
-        norm_eps=EPS, pos_ffn_activation_fn="relu", parallel_residual=False, num_kv=0, num_experts=0,
-        self_attn_type="scaled-dot", copy_attn=False, add_qkvbias=False, add_ffnbias=True,
-        share_embeddings=True, share_decoder_embeddings=True,
-    )  # fmt: skip
-    opt.update(over)
-    return argparse.Namespace(**opt)
-
-
-def _state(shared: bool, tied: bool, qkv_bias: bool, seed: int = 0) -> tuple[dict, dict]:
-    """OpenNMT-py 3.5 parameter names and shapes (onmt/encoders/transformer.py, decoders/transformer.py,
-    modules/multi_headed_attn.py, position_ffn.py, embeddings.py), random values."""
-    g = torch.Generator().manual_seed(seed)
-    V = len(ONMT_VOCAB)
-
-    def r(*shape, scale=0.3):
-        return torch.randn(*shape, generator=g) * scale
-
-    sd: dict[str, torch.Tensor] = {}
-
-    def linear(name, n_out, n_in, bias):
-        sd[f"{name}.weight"] = r(n_out, n_in)
-        if bias:
-            sd[f"{name}.bias"] = r(n_out, scale=0.1)
-
-    def norm(name):
-        sd[f"{name}.weight"] = 1 + r(D, scale=0.1)
-        sd[f"{name}.bias"] = r(D, scale=0.1)
-
-    def attn(prefix):
-        for n in ("linear_keys", "linear_values", "linear_query", "final_linear"):
-            linear(f"{prefix}.{n}", D, D, qkv_bias)
-
-    def ffn(prefix):
-        linear(f"{prefix}.w_1", FF, D, True)
-        linear(f"{prefix}.w_2", D, FF, True)
-        norm(f"{prefix}.layer_norm")
-
-    pe = torch.zeros(5000, D)  # the buffer OpenNMT-py saves, (len, 1, dim)
-    pos = torch.arange(5000.0)[:, None]
-    div = torch.exp(torch.arange(0, D, 2).float() * -(math.log(10000.0) / D))
-    pe[:, 0::2], pe[:, 1::2] = torch.sin(pos * div), torch.cos(pos * div)
-    emb = r(V, D)
-    emb[1] = 0  # <blank> is the padding_idx
-    for side in ("encoder", "decoder"):
-        if side == "decoder" and not shared:
-            emb = r(V, D)
-            emb[1] = 0
-        sd[f"{side}.embeddings.make_embedding.emb_luts.0.weight"] = emb
-        sd[f"{side}.embeddings.make_embedding.pe.pe"] = pe[:, None, :].clone()
-    for i in range(ENC):
-        attn(f"encoder.transformer.{i}.self_attn")
-        norm(f"encoder.transformer.{i}.layer_norm")
-        ffn(f"encoder.transformer.{i}.feed_forward")
-    norm("encoder.layer_norm")
-    for i in range(DEC):
-        p = f"decoder.transformer_layers.{i}"
-        attn(f"{p}.self_attn")
-        norm(f"{p}.layer_norm_1")
-        attn(f"{p}.context_attn")
-        norm(f"{p}.layer_norm_2")
-        ffn(f"{p}.feed_forward")
-    norm("decoder.layer_norm")
-    dec_emb = sd["decoder.embeddings.make_embedding.emb_luts.0.weight"]
-    gen = {"weight": dec_emb if tied else r(V, D), "bias": r(V, scale=0.5)}
-    return sd, gen
-
-
-def _write(path: Path, sd: dict, gen: dict, opt: argparse.Namespace, tgt_vocab: list[str] = ONMT_VOCAB) -> Path:
-    vocab = {"src": ONMT_VOCAB, "tgt": tgt_vocab, "data_task": "seq2seq", "decoder_start_token": "<s>"}
-    optim = {"optimizer": {"state": {}, "param_groups": [{"lr": 1.0, "params": [0]}]}, "training_step": 3}
-    torch.save({"model": sd, "generator": gen, "vocab": vocab, "opt": opt, "optim": optim}, path)
-    return path
+WORDS = ONMT_WORDS
 
 
 # --- the reference: OpenNMT-py's pre-norm Transformer in plain torch ops, on OpenNMT-py ids, one sentence
@@ -172,9 +92,9 @@ def _sentences(n: int, seed: int) -> list[tuple[list[str], list[str]]]:
 
 def _import(tmp_path: Path, shared: bool = True, tied: bool = True, qkv_bias: bool = False, *flags: str, seed=0):
     """An OpenNMT-py checkpoint imported by the command; its state, generator and our loaded model."""
-    sd, gen = _state(shared, tied, qkv_bias, seed)
-    opt = _opt(share_embeddings=shared, share_decoder_embeddings=tied, add_qkvbias=qkv_bias)
-    ckpt = _write(tmp_path / f"onmt{seed}.pt", sd, gen, opt)
+    sd, gen = onmt_state(shared, tied, qkv_bias, seed)
+    opt = onmt_opt(share_embeddings=shared, share_decoder_embeddings=tied, add_qkvbias=qkv_bias)
+    ckpt = write_onmt(tmp_path / f"onmt{seed}.pt", sd, gen, opt)
     out = tmp_path / f"model{seed}.pt"
     r = run_cli(
         *module_cmd("onmt_doc.bin.import_opennmt"), "-model", str(ckpt), "-output", str(out),
@@ -277,10 +197,10 @@ def test_translation_without_markup(tmp_path):
     """Greedy, beam with n-best, sampling and an ensemble of markup-free models: no ``<s>``/``</s>``
     and no empty line, though the generator is biased towards ``<s>`` and ``</s>`` (OpenNMT-py's)
     so that a missing rule would show; greedy output equals the reference network's greedy decode."""
-    sd, gen = _state(True, True, False, seed=2)
+    sd, gen = onmt_state(True, True, False, seed=2)
     gen["bias"][ONMT["<s>"]] += 6.0
     gen["bias"][ONMT["</s>"]] += 4.0
-    ckpt = _write(tmp_path / "onmt.pt", sd, gen, _opt())
+    ckpt = write_onmt(tmp_path / "onmt.pt", sd, gen, onmt_opt())
     out = tmp_path / "model.pt"
     import_opennmt(str(ckpt), str(out), None, subword="none", tokenizer="space")
     srcs = [s for s, _ in _sentences(12, seed=4)]
@@ -353,8 +273,8 @@ def test_subword_model_travels(tmp_path, toy_dir):
     lines = (toy_dir / "train.src").read_text(encoding="utf-8").splitlines()[:300]
     bpe = Subword.learn("bpe", "aggressive", 50, lines)
     bpe.save(str(tmp_path / "bpe.model"))
-    sd, gen = _state(True, True, False)
-    ckpt = _write(tmp_path / "onmt.pt", sd, gen, _opt())
+    sd, gen = onmt_state(True, True, False)
+    ckpt = write_onmt(tmp_path / "onmt.pt", sd, gen, onmt_opt())
     run = tmp_path / "run"
     payload = import_opennmt(str(ckpt), str(tmp_path / "m.pt"), str(tmp_path / "bpe.model"), run_dir=str(run))
     assert payload["codec"]["src_subword"] == payload["codec"]["tgt_subword"] == bpe.to_dict()
@@ -378,31 +298,31 @@ REFUSED = [
 
 @pytest.mark.parametrize("over,message", REFUSED, ids=[m for _, m in REFUSED])
 def test_other_architectures_are_refused(tmp_path, over, message):
-    sd, gen = _state(True, True, False)
-    ckpt = _write(tmp_path / "onmt.pt", sd, gen, _opt(**over))
+    sd, gen = onmt_state(True, True, False)
+    ckpt = write_onmt(tmp_path / "onmt.pt", sd, gen, onmt_opt(**over))
     with pytest.raises(UserError, match=message):
         import_opennmt(str(ckpt), str(tmp_path / "m.pt"), None, subword="none")
     assert not (tmp_path / "m.pt").exists()
 
 
 def test_unmapped_and_missing_parameters_are_refused(tmp_path):
-    sd, gen = _state(True, True, False)
+    sd, gen = onmt_state(True, True, False)
     extra = dict(sd, **{"encoder.transformer.0.self_attn.relative_positions_embeddings.weight": torch.zeros(41, 8)})
-    ckpt = _write(tmp_path / "extra.pt", extra, gen, _opt())
+    ckpt = write_onmt(tmp_path / "extra.pt", extra, gen, onmt_opt())
     with pytest.raises(UserError, match="no onmt_doc counterpart: encoder.transformer.0.self_attn.relative"):
         import_opennmt(str(ckpt), str(tmp_path / "m.pt"), None, subword="none")
     missing = {k: v for k, v in sd.items() if k != "decoder.transformer_layers.1.layer_norm_2.weight"}
-    ckpt = _write(tmp_path / "missing.pt", missing, gen, _opt())
+    ckpt = write_onmt(tmp_path / "missing.pt", missing, gen, onmt_opt())
     with pytest.raises(UserError, match="no parameter decoder.transformer_layers.1.layer_norm_2.weight"):
         import_opennmt(str(ckpt), str(tmp_path / "m.pt"), None, subword="none")
-    ckpt = _write(tmp_path / "shape.pt", sd, gen, _opt(transformer_ff=FF + 1))
+    ckpt = write_onmt(tmp_path / "shape.pt", sd, gen, onmt_opt(transformer_ff=FF + 1))
     with pytest.raises(UserError, match="does not fit"):
         import_opennmt(str(ckpt), str(tmp_path / "m.pt"), None, subword="none")
 
 
 def test_cli_errors_are_one_line(tmp_path):
-    sd, gen = _state(True, True, False)
-    ckpt = _write(tmp_path / "onmt.pt", sd, gen, _opt(max_relative_positions=-2))
+    sd, gen = onmt_state(True, True, False)
+    ckpt = write_onmt(tmp_path / "onmt.pt", sd, gen, onmt_opt(max_relative_positions=-2))
     out = tmp_path / "m.pt"
     r = run_cli(*module_cmd("onmt_doc.bin.import_opennmt"), "-model", str(ckpt), "-output", str(out))
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
@@ -416,8 +336,8 @@ def test_cli_errors_are_one_line(tmp_path):
 
 def test_only_namespace_is_unpickled(tmp_path):
     """weights_only loading plus argparse.Namespace: any other pickled class is refused, by name."""
-    sd, gen = _state(True, True, False)
-    ckpt = _write(tmp_path / "onmt.pt", sd, gen, _opt(learning_rate=fractions.Fraction(1, 2)))
+    sd, gen = onmt_state(True, True, False)
+    ckpt = write_onmt(tmp_path / "onmt.pt", sd, gen, onmt_opt(learning_rate=fractions.Fraction(1, 2)))
     with pytest.raises(UserError, match="fractions.Fraction"):
         import_opennmt(str(ckpt), str(tmp_path / "m.pt"), None, subword="none")
 
@@ -439,8 +359,8 @@ IMPOSSIBLE = [
 def test_impossible_sizes_are_refused(tmp_path, over, message):
     """Sizes no network has: they used to end in a ZeroDivisionError or a torch RuntimeError, or
     (negative or fractional heads) to import a model that computes something else."""
-    sd, gen = _state(True, True, False)
-    ckpt = _write(tmp_path / "onmt.pt", sd, gen, _opt(**over))
+    sd, gen = onmt_state(True, True, False)
+    ckpt = write_onmt(tmp_path / "onmt.pt", sd, gen, onmt_opt(**over))
     with pytest.raises(UserError, match=f"OpenNMT-py model not importable: {message}"):
         import_opennmt(str(ckpt), str(tmp_path / "m.pt"), None, subword="none")
     assert not (tmp_path / "m.pt").exists()
@@ -455,16 +375,16 @@ BAD_TENSORS = [
 
 @pytest.mark.parametrize("name,shape,message", BAD_TENSORS, ids=[n.split(".", 2)[-1] for n, _, _ in BAD_TENSORS])
 def test_tensors_of_impossible_shapes_are_refused(tmp_path, name, shape, message):
-    sd, gen = _state(True, True, False)
+    sd, gen = onmt_state(True, True, False)
     sd[name] = torch.zeros(shape)
-    ckpt = _write(tmp_path / "onmt.pt", sd, gen, _opt())
+    ckpt = write_onmt(tmp_path / "onmt.pt", sd, gen, onmt_opt())
     with pytest.raises(UserError, match=message):
         import_opennmt(str(ckpt), str(tmp_path / "m.pt"), None, subword="none")
 
 
 def test_impossible_sizes_are_one_line_from_the_command(tmp_path):
-    sd, gen = _state(True, True, False)
-    ckpt = _write(tmp_path / "onmt.pt", sd, gen, _opt(heads=0))
+    sd, gen = onmt_state(True, True, False)
+    ckpt = write_onmt(tmp_path / "onmt.pt", sd, gen, onmt_opt(heads=0))
     out = tmp_path / "m.pt"
     r = run_cli(
         *module_cmd("onmt_doc.bin.import_opennmt"), "-model", str(ckpt), "-output", str(out), "-subword_type", "none"
@@ -477,8 +397,8 @@ def test_a_flipped_byte_in_an_opennmt_checkpoint_is_refused(tmp_path):
     """torch.load reads it (one weight changed); the CRC-32 of its zip record does not match."""
     from test_checkpoint import flip_tensor_byte
 
-    sd, gen = _state(True, True, False)
-    ckpt = _write(tmp_path / "onmt.pt", sd, gen, _opt())
+    sd, gen = onmt_state(True, True, False)
+    ckpt = write_onmt(tmp_path / "onmt.pt", sd, gen, onmt_opt())
     flip_tensor_byte(ckpt)
     torch.load(ckpt, weights_only=False)  # loads: the damage is silent without the check
     with pytest.raises(UserError, match=r"onmt\.pt: damaged OpenNMT-py checkpoint \(record data/\d+: CRC mismatch\)"):
@@ -489,16 +409,16 @@ def test_a_flipped_byte_in_an_opennmt_checkpoint_is_refused(tmp_path):
 def test_nan_weights_and_options_of_the_wrong_type_are_refused(tmp_path):
     """Weights holding NaN or an infinity would import as a model that translates garbage; an
     option of the wrong type failed inside a comparison (a TypeError traceback)."""
-    sd, gen = _state(True, True, False)
+    sd, gen = onmt_state(True, True, False)
     name = next(k for k in sd if k.endswith("w_1.weight"))
     sd[name] = sd[name].clone()
     sd[name][0, 0] = float("nan")
-    ckpt = _write(tmp_path / "nan.pt", sd, gen, _opt())
+    ckpt = write_onmt(tmp_path / "nan.pt", sd, gen, onmt_opt())
     with pytest.raises(UserError, match=rf"nan\.pt: tensor {re.escape(name)} holds 1 NaN or infinite values"):
         import_opennmt(str(ckpt), str(tmp_path / "m.pt"), None, subword="none")
-    sd, gen = _state(True, True, False)
+    sd, gen = onmt_state(True, True, False)
     for key, value in (("max_relative_positions", "0"), ("norm_eps", [1e-6]), ("dec_hid_size", "16")):
-        ckpt = _write(tmp_path / f"{key}.pt", sd, gen, _opt(**{key: value}))
+        ckpt = write_onmt(tmp_path / f"{key}.pt", sd, gen, onmt_opt(**{key: value}))
         with pytest.raises(UserError, match=f"{key} {re.escape(repr(value))} is not a"):
             import_opennmt(str(ckpt), str(tmp_path / "m.pt"), None, subword="none")
     assert not (tmp_path / "m.pt").exists()

@@ -134,8 +134,9 @@ def repository_imports(module: str, path: Path, known: set[str]) -> set[str]:
         for name in names:
             steps = name.split(".")
             found.update(".".join(steps[:i]) for i in range(1, len(steps) + 1))
-            if path.parent.name in SCRIPT_FOLDERS:
-                found.add(f"{path.parent.name}.{name}")
+            root = parts[0]
+            if root in SCRIPT_FOLDERS:  # tools/ is on sys.path: ``hostile.steps`` is tools/hostile/steps.py
+                found.update(f"{root}.{'.'.join(steps[:i])}" for i in range(1, len(steps) + 1))
     return (found & known) - own - {module}
 
 
@@ -167,6 +168,14 @@ def test_the_repository_graph_reader_sees_packages_scripts_and_lazy_imports(tmp_
     assert repository_imports("benchmarks.stages.s", stage, known) == {"benchmarks.peers", "benchmarks.peers.export"}
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}}
     assert cycles_of(graph) == ["a -> b -> c -> a"]
+
+
+def test_the_hostile_review_is_in_the_graph():
+    """tools/hostile/ (the review's steps, server scenarios and fixtures, imported as ``hostile.x``
+    with tools/ on the path; the import tests use the fixtures too) is read like the rest."""
+    paths = repository_modules()
+    scenarios = repository_imports("tools.hostile.scenarios", paths["tools.hostile.scenarios"], set(paths))
+    assert scenarios >= {"tools.hostile.steps", "tools.hostile.fixtures"}
 
 
 def test_the_graph_reader_sees_lazy_and_type_checking_imports(tmp_path):

@@ -252,10 +252,10 @@ def test_inputs_that_are_devices_or_folders_or_garbage(model, src, tmp_path, toy
 
 
 def test_a_subword_model_that_is_not_one_is_refused_by_the_importer(tmp_path):
-    from test_import_opennmt import _opt, _state, _write
+    from hostile.fixtures import onmt_opt, onmt_state, write_onmt
 
-    sd, gen = _state(True, True, False)
-    ckpt = _write(tmp_path / "onmt.pt", sd, gen, _opt(share_embeddings=True, share_decoder_embeddings=True))
+    sd, gen = onmt_state()
+    ckpt = write_onmt(tmp_path / "onmt.pt", sd, gen, onmt_opt())
     garbage = tmp_path / "random.model"
     garbage.write_bytes(os.urandom(4096))
     importer = [*module_cmd("onmt_doc.bin.import_opennmt"), "-model", str(ckpt), "-output", str(tmp_path / "m.pt")]
