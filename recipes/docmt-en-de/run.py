@@ -33,9 +33,12 @@ import random
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import yaml
+
+if TYPE_CHECKING:
+    from onmt_doc import Translator
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DOMAINS = ("ted", "news", "europarl")
@@ -321,7 +324,7 @@ def evaluate(opt: Options, name: str, ckpt: str, data: dict, record: Record, dea
     contrastive_sanity(opt, name, translator, record, deadline)
 
 
-def contrastive_sanity(opt: Options, name: str, translator, record: Record, deadline: float) -> None:
+def contrastive_sanity(opt: Options, name: str, translator: Translator, record: Record, deadline: float) -> None:
     """The toy contrastive suite (onmt_doc.toy: "it" whose German pronoun the previous sentence's
     subject decides) with its context as given, removed and shuffled: a sanity line, not a result. Its
     words are a toy vocabulary's, so every system scores it out of domain; a model that uses context
