@@ -357,19 +357,27 @@ def test_z_star_rides_on_batches_aligned_with_tgt_out(tmp_path):
     assert all(np.array_equal(a.extra["z_star"], b.extra["z_star"]) for a, b in zip(examples, again))
 
 
+def gated_trainer(toy_dir, tmp_path, unit: str = "", **sections) -> tuple:
+    """(a Trainer of a 1-layer gated model with pmi_gate_hinge, its PMI table, its codec): the
+    table counted on the toy corpus with the run's own vocabulary and saved where the loss reads it."""
+    cfg = tiny_config(toy_dir, tmp_path / "run", **sections)
+    cfg["model"]["decoder"] = {"type": "gated_transformer", "layers": 1, "heads": 4, "ff": 64}
+    if unit:
+        cfg["model"]["unit"] = unit
+    cfg["loss"] = [{"type": "label_smoothed_ce"}, {"type": "pmi_gate_hinge", "table": str(tmp_path / "pmi.npz")}]
+    parsed = config_from_dict(cfg)
+    codec = build_codec(parsed.data, parsed.vocab, str(tmp_path / "run"))
+    table = build_table(str(toy_dir / "train.src"), str(toy_dir / "train.tgt"), codec)
+    table.save(str(tmp_path / "pmi.npz"))
+    return Trainer(config_from_dict(cfg), distributed.init_distributed("cpu")), table, codec
+
+
 def test_z_star_is_a_data_field_cached_with_the_binarized_data(toy_dir, tmp_path):
     """The loss only declares the z_star field; the data pipeline attaches it to the training
     examples (not to validation: the loss is training-only) and caches it in data.cache_dir, in
     the binarized training corpus's folder beside its ids. A field nobody provides is refused by name."""
     cache = tmp_path / "cache"
-    cfg = tiny_config(toy_dir, tmp_path / "run", data={"cache_dir": str(cache)})
-    cfg["model"]["decoder"] = {"type": "gated_transformer", "layers": 1, "heads": 4, "ff": 64}
-    cfg["loss"] = [{"type": "label_smoothed_ce"}, {"type": "pmi_gate_hinge", "table": str(tmp_path / "pmi.npz")}]
-    sections = config_from_dict(cfg)
-    codec = build_codec(sections.data, sections.vocab, str(tmp_path / "run"))
-    table = build_table(str(toy_dir / "train.src"), str(toy_dir / "train.tgt"), codec)
-    table.save(str(tmp_path / "pmi.npz"))
-    trainer = Trainer(config_from_dict(cfg), distributed.init_distributed("cpu"))
+    trainer, _, codec = gated_trainer(toy_dir, tmp_path, data={"cache_dir": str(cache)})
     assert PMIGateHinge.needs_fields == ("z_star",) and not hasattr(trainer.losses[1], "table")
     assert all(len(e.extra["z_star"]) == len(e.tgt) for e in trainer.train_examples)
     assert sum(int(e.extra["z_star_mask"].sum()) for e in trainer.train_examples) > 0
@@ -385,15 +393,9 @@ def test_the_gate_hinge_trains_from_the_mapped_cache_with_each_examples_z_star(t
     binarized cache (a k_to_k run: targets of two sentences; max_len drops windows), and every
     batch carries, aligned with tgt_out, the z* that eq. 7 gives each of its target sentences
     (computed here with ``z_star`` on the corpus's sentences), 0 at the markup, <eos> and padding."""
-    cfg = tiny_config(toy_dir, tmp_path / "run", train={"max_steps": 2}, data={"max_len": 12, "context_sentences": 1})
-    cfg["model"]["decoder"] = {"type": "gated_transformer", "layers": 1, "heads": 4, "ff": 64}
-    cfg["model"]["unit"] = "k_to_k"
-    cfg["loss"] = [{"type": "label_smoothed_ce"}, {"type": "pmi_gate_hinge", "table": str(tmp_path / "pmi.npz")}]
-    sections = config_from_dict(cfg)
-    codec = build_codec(sections.data, sections.vocab, str(tmp_path / "run"))
-    table = build_table(str(toy_dir / "train.src"), str(toy_dir / "train.tgt"), codec)
-    table.save(str(tmp_path / "pmi.npz"))
-    trainer = Trainer(config_from_dict(cfg), distributed.init_distributed("cpu"))
+    trainer, table, _ = gated_trainer(
+        toy_dir, tmp_path, train={"max_steps": 2}, data={"max_len": 12, "context_sentences": 1}, unit="k_to_k"
+    )
     examples = trainer.train_examples
     assert isinstance(examples, MappedExamples) and examples.dropped > 0
     docs = examples.corpus.documents()
