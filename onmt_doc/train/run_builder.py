@@ -25,6 +25,7 @@ import torch
 from onmt_doc.config import Config
 from onmt_doc.config.data import DataConfig, VocabConfig
 from onmt_doc.data.batching import BatchSampler, CorpusMix
+from onmt_doc.data.static_shapes import StaticShapes
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import read_parallel
 from onmt_doc.data.example_fields import FieldContext, FieldProvider
@@ -146,7 +147,10 @@ def build_run(cfg: Config, ctx: DistContext) -> RunParts:
     prepare_caches(cfg.data, codec, run_dir, ctx)
     examples, mix = load_training_data(cfg.data, codec, model.unit, run_dir, train_fields)
     valid_sets = load_valid_sets(cfg.data, codec, model.unit, run_dir, valid_fields)
-    sampler = BatchSampler(examples, cfg.train.batch_tokens, cfg.train.seed, rank=ctx.rank, world=ctx.world, mix=mix)
+    shapes = StaticShapes() if cfg.train.static_shapes else None
+    sampler = BatchSampler(
+        examples, cfg.train.batch_tokens, cfg.train.seed, rank=ctx.rank, world=ctx.world, mix=mix, shapes=shapes
+    )
     return RunParts(
         codec=codec,
         model=model,
