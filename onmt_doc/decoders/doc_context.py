@@ -195,6 +195,7 @@ class DocContextDecoder(TransformerDecoder):
         base = super().init_state(enc_out, batch, limit)
         return DocContextState(
             step=base.step,
+            capacity=base.capacity,
             self_kv=base.self_kv,
             cross_kv=base.cross_kv,
             memory_mask=base.memory_mask,
