@@ -164,7 +164,8 @@ def test_static_shapes_change_no_number(trained_run, toy_dir, tmp_path):
     "train, model, error",
     [
         ({"compile": "graphs"}, {}, "train.compile: graphs needs train.static_shapes: true"),
-        ({"static_shapes": True}, MODELS["g_transformer"], "train.static_shapes: for sentence-level models only, not the document unit"),
+        ({"static_shapes": True}, MODELS["g_transformer"],
+         "train.static_shapes: for sentence-level models only, not the document unit"),
     ],
 )  # fmt: skip
 def test_static_shapes_and_graphs_refuse_what_they_cannot_do(train, model, error, toy_dir, tmp_path):

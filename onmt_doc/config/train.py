@@ -135,7 +135,7 @@ class TrainConfig:
         "every batch shape; the first step takes a minute or more): fused elementwise kernels and fewer "
         "launches, which is what a GPU step waits on. `auto` = on CUDA only; on a CPU it rarely pays. "
         "`graphs` = compiled, and on CUDA each batch shape's kernels recorded once as a CUDA graph and "
-        "replayed (`mode=\"reduce-overhead\"`): the host launches one graph a step instead of ~1,000 "
+        'replayed (`mode="reduce-overhead"`): the host launches one graph a step instead of ~1,000 '
         "kernels; needs `static_shapes: true`, so that shapes repeat. "
         "Measured in [benchmarks.md](benchmarks.md#gpu)",
     )

@@ -86,7 +86,10 @@ def make_batch(examples: Sequence[Example], idx: np.ndarray, shapes: Optional[St
     """The batch of ``examples[i] for i in idx``: read straight from the mapped corpus when the
     examples are mapped instances (no Example made), else :func:`collate` of them; with ``shapes``,
     padded to a static shape (``train.static_shapes``)."""
-    rows = examples.batch_rows(idx) if isinstance(examples, MappedExamples) else example_rows([examples[i] for i in idx])
+    if isinstance(examples, MappedExamples):
+        rows = examples.batch_rows(idx)
+    else:
+        rows = example_rows([examples[i] for i in idx])
     return collate_rows(rows, idx, shapes)
 
 

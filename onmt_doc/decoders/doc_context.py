@@ -37,9 +37,9 @@ from onmt_doc.modules.document_packing import (
     DocumentMemory,
     attend_documents,
     attend_documents_rows,
-    plan_document_rows,
     document_memory,
     host_array,
+    plan_document_rows,
 )
 from onmt_doc.modules.row_buckets import RowBucket, row_plan, unbucket
 

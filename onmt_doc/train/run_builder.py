@@ -25,7 +25,6 @@ import torch
 from onmt_doc.config import Config
 from onmt_doc.config.data import DataConfig, VocabConfig
 from onmt_doc.data.batching import BatchSampler, CorpusMix
-from onmt_doc.data.static_shapes import StaticShapes
 from onmt_doc.data.codec import Codec
 from onmt_doc.data.corpus import read_parallel
 from onmt_doc.data.example_fields import FieldContext, FieldProvider
@@ -38,6 +37,7 @@ from onmt_doc.data.prepare import (
     load_examples,
     train_corpora,
 )
+from onmt_doc.data.static_shapes import StaticShapes
 from onmt_doc.errors import UserError
 from onmt_doc.evaluation.corpus_metrics import report
 from onmt_doc.losses import Loss, build_losses, loss_fields
