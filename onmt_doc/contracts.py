@@ -76,6 +76,10 @@ class Batch:
     # of TARGET_ROWS_MULTIPLE (the extra entries point at position 0 and are cut off after the output
     # layer: an odd row count sends the output layer's matrix products to slow kernels on GPUs)
     tgt_index: Optional[torch.Tensor] = None
+    # [N'] a static-shape batch's (train.static_shapes) output-layer targets: tgt_out at tgt_index,
+    # <pad> on the extra rows, which the output layer computes (no cut at n_tgt_tokens, whose
+    # value changes from batch to batch) and the losses weigh out
+    tgt_target: Optional[torch.Tensor] = None
     n_src_tokens: int = 0
     n_tgt_tokens: int = 0  # non-padding tokens of tgt_out
     n_tgt_words: int = 0  # of them, the text (subwords, <unk>) without markup: what throughput compares
@@ -292,6 +296,9 @@ class ModelOut:
     hidden: torch.Tensor  # [B, T, D]
     enc_out: EncoderOut
     aux: dict = field(default_factory=dict)
+    # a static-shape batch (Batch.tgt_target): logits and target have extra rows whose target is
+    # <pad>, which every loss weighs out
+    padded_targets: bool = False
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ imported where a device is picked, so that counting cores does not load it."""
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import os
 from typing import TYPE_CHECKING, Iterator, Literal
 
@@ -96,12 +95,14 @@ def avoid_cudnn_attention() -> None:
 # dense reference, and the operator-count benchmark counts what a GPU step dispatches on a CPU.
 Path = Literal["packed", "fused"]
 PATHS = ("packed", "fused")
-_FORCED: contextvars.ContextVar[str] = contextvars.ContextVar("onmt_doc_kernel_path", default="auto")
+# forced_path's choice for the process: a plain global, which torch.compile reads as a constant
+# (guarded); a ContextVar would split every compiled graph where a part asks for its path
+_FORCED = ["auto"]
 
 
 def fused(device: "torch.device") -> bool:
     """Whether the parts on ``device`` take the fused (GPU) path."""
-    chosen = _FORCED.get()
+    chosen = _FORCED[0]
     return device.type == "cuda" if chosen == "auto" else chosen == "fused"
 
 
@@ -110,8 +111,8 @@ def forced_path(path: str) -> Iterator[None]:
     """Use ``path`` (``packed``, ``fused`` or ``auto``) on every device inside the block."""
     if path not in PATHS + ("auto",):
         raise ValueError(f"unknown kernel path {path!r} (one of {', '.join(PATHS)}, auto)")
-    token = _FORCED.set(path)
+    before, _FORCED[0] = _FORCED[0], path
     try:
         yield
     finally:
-        _FORCED.reset(token)
+        _FORCED[0] = before

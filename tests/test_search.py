@@ -13,9 +13,10 @@ from test_hm_gdc import BOTH, context_batch, random_docs
 
 from onmt_doc.bin.translate import _parser
 from onmt_doc.config import ConfigError, TranslateConfig, config_from_dict
+from onmt_doc.contracts import LengthLimit
 from onmt_doc.data.batching import collate
 from onmt_doc.data.instances import Example, mark_sentence
-from onmt_doc.data.vocab import EOS_ID, EOS_SENT_ID, PAD_ID, SPECIALS
+from onmt_doc.data.vocab import BOS_ID, EOS_ID, EOS_SENT_ID, PAD_ID, SPECIALS
 from onmt_doc.models.model import full_log_probs
 from onmt_doc.registry import registry_for
 from onmt_doc.translate.length_penalty import AveragePenalty, GNMTPenalty, NoPenalty, build_length_penalty
@@ -320,3 +321,20 @@ def test_beam_search_reads_the_device_only_where_candidates_end():
     assert [[(h.tokens, h.score) for h in row] for row in fused_hyps] == [
         [(h.tokens, h.score) for h in row] for row in packed_hyps
     ]
+
+
+def test_the_self_attention_caches_are_allocated_once_per_search():
+    """A sentence Transformer's caches hold the search's longest output from the first step and are
+    written in place: no step allocates them again (they grew by concatenation, one copy a step;
+    stepwise = teacher-forced is tests/test_decoding.py's)."""
+    model, _ = random_model(TRANSFORMER)
+    batch = random_batch([(5, 7), (9, 3)])
+    limit = LengthLimit(ratio=1.0, add=5)
+    state = model.init_state(model.encode(batch), batch, limit)
+    storages = []
+    for step in range(6):
+        _, state = model.step(torch.full((2,), BOS_ID if step == 0 else len(SPECIALS)), state)
+        k, v = state.self_kv[0]
+        storages.append((k.untyped_storage().data_ptr(), v.untyped_storage().data_ptr(), k.size(2)))
+    assert len(set(storages)) == 1  # one allocation, at the first step
+    assert storages[0][2] >= 9 + 5 + 1  # room for the longest source's output and <bos>

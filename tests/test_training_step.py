@@ -89,16 +89,20 @@ def test_prefetching_keeps_the_order_and_the_resume_position(trained_run, toy_di
     assert not prefetcher._thread.is_alive()
 
 
-def test_compiled_step_equals_the_eager_step(trained_run, toy_dir, tmp_path):
-    """train.compile=on: the same loss and gradients as the eager step (float rounding aside), and one
-    compilation for batches of different shapes."""
+@pytest.mark.parametrize("mode", ["on", "graphs"])
+def test_compiled_step_equals_the_eager_step(mode, trained_run, toy_dir, tmp_path):
+    """train.compile=on (and graphs, with static shapes; on a CPU it records no graph): the same loss
+    and gradients as the eager step (float rounding aside), and one compilation for batches of
+    different shapes."""
     model = {"d_model": 32, "encoder": {"type": "transformer", "layers": 1, "heads": 2, "ff": 32},
              "decoder": {"type": "transformer", "layers": 1, "heads": 2, "ff": 32}, "dropout": 0.0}  # fmt: skip
-    eager = _trainer(trained_run, toy_dir, tmp_path / "eager", model)
-    comp = _trainer(trained_run, toy_dir, tmp_path / "comp", model, train={"compile": "on"})
+    static = {"static_shapes": mode == "graphs"}
+    eager = _trainer(trained_run, toy_dir, tmp_path / "eager", model, train=static)
+    comp = _trainer(trained_run, toy_dir, tmp_path / "comp", model, train={"compile": mode, **static})
     batches = [b for _, b in zip(range(3), iter(eager.sampler))]
     assert len({tuple(b.src.shape) for b in batches}) > 1
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     for batch in batches:
         losses = []
         for trainer in (eager, comp):
@@ -109,3 +113,68 @@ def test_compiled_step_equals_the_eager_step(trained_run, toy_dir, tmp_path):
         for a, b in zip(eager.model.parameters(), comp.model.parameters()):
             assert (a.grad - b.grad).norm() <= 1e-5 * a.grad.norm()  # fused kernels reorder float sums
             a.grad = b.grad = None
+    # one graph for every shape: no break (a ContextVar read in the attention split it 19 ways)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+# the ladders of train.static_shapes, written out: lengths 8..64 by 8, then eight per doubling;
+# rows 8..64 by 8, then four per doubling
+LENGTHS = [*range(8, 65, 8), *range(72, 129, 8), *range(144, 257, 16), *range(288, 513, 32)]
+ROWS = [*range(8, 65, 8), *range(80, 129, 16), *range(160, 257, 32), *range(320, 513, 64)]
+
+
+def test_the_static_shape_ladders():
+    """A batch's columns and rows go up to the next value of the ladder (at most 1/8 and 1/4 more)."""
+    from onmt_doc.data.static_shapes import rung
+
+    assert [rung(n) for n in range(1, 513)] == [min(x for x in LENGTHS if x >= n) for n in range(1, 513)]
+    assert [rung(n, 4) for n in range(1, 513)] == [min(x for x in ROWS if x >= n) for n in range(1, 513)]
+
+
+def test_static_shapes_change_no_number(trained_run, toy_dir, tmp_path):
+    """train.static_shapes: each batch padded to a ladder shape (extra rows, columns and output-layer
+    rows) gives the plain batch's loss, statistics and gradients, and the same token counts."""
+    model = {"d_model": 32, "encoder": {"type": "transformer", "layers": 1, "heads": 2, "ff": 32},
+             "decoder": {"type": "transformer", "layers": 1, "heads": 2, "ff": 32}, "dropout": 0.0}  # fmt: skip
+    plain = _trainer(trained_run, toy_dir, tmp_path / "plain", model)
+    static = _trainer(trained_run, toy_dir, tmp_path / "static", model, train={"static_shapes": True})
+    static.model.load_state_dict(plain.model.state_dict())
+    grew = set()
+    for a, b in zip(range(4), zip(iter(plain.sampler), iter(static.sampler))):
+        p, s = b
+        rows, length = s.src.shape
+        assert length in LENGTHS and rows in ROWS and s.tgt_in.shape == s.src.shape
+        grew |= {"rows"} if rows > p.src.size(0) else set()
+        grew |= {"columns"} if length > max(p.src.size(1), p.tgt_in.size(1)) else set()
+        grew |= {"targets"} if s.tgt_index.numel() > p.tgt_index.numel() else set()
+        assert (s.n_src_tokens, s.n_tgt_tokens, s.n_tgt_words) == (p.n_src_tokens, p.n_tgt_tokens, p.n_tgt_words)
+        numbers = []
+        for trainer, batch in ((plain, p), (static, s)):
+            total, stats = trainer._losses(batch, training=True)
+            total.backward()
+            numbers.append([float(total.detach()), float(stats["nll"]), float(stats["correct"]), stats["tokens"]])
+        assert numbers[1] == pytest.approx(numbers[0], rel=1e-6), a
+        for x, y in zip(plain.model.parameters(), static.model.parameters()):
+            assert (x.grad - y.grad).norm() <= 1e-5 * x.grad.norm()
+            x.grad = y.grad = None
+    assert grew == {"rows", "columns", "targets"}  # every kind of padding was exercised
+
+
+@pytest.mark.parametrize(
+    "train, model, error",
+    [
+        ({"compile": "graphs"}, {}, "train.compile: graphs needs train.static_shapes: true"),
+        ({"static_shapes": True}, MODELS["g_transformer"],
+         "train.static_shapes: for sentence-level models only, not the document unit"),
+    ],
+)  # fmt: skip
+def test_static_shapes_and_graphs_refuse_what_they_cannot_do(train, model, error, toy_dir, tmp_path):
+    """CUDA graphs replay one shape: without static shapes they are refused; added rows would join a
+    document model's documents: static shapes are refused there."""
+    from onmt_doc.config.loading import config_from_dict
+    from onmt_doc.errors import ConfigError
+
+    cfg = tiny_config(toy_dir, tmp_path / "run", train=train)
+    cfg["model"] = {**cfg["model"], **model}
+    with pytest.raises(ConfigError, match=error):
+        config_from_dict(cfg)

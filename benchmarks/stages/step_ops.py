@@ -4,7 +4,8 @@ often it waits for the device; both follow from the operators a step dispatches,
 count. Per model and kernel path (``packed``: the CPU's; ``fused``: the GPU's, run here on the CPU):
 ATen operators per step (forward, loss, backward, Adam) and the host synchronisations among them
 (``onmt_doc.train.host_syncs``). On CUDA the same step is also profiled: kernel launches and the
-synchronisations torch's sync debug mode reports. Random weights at one shape, as ``model_speed``.
+synchronisations torch's sync debug mode reports. On the fused path also the graphs ``torch.compile``
+cuts the forward into (``train.compile``). Random weights at one shape, as ``model_speed``.
 """
 
 from __future__ import annotations
@@ -55,12 +56,23 @@ def step_ops(p: StepOpsParams, ctx: StageContext) -> None:
                     step(batches[1])
                 row = {"model": name, "path": path, "ops_per_step": ops.total, "host_syncs": ops.syncs,
                        "sync_ops": dict(ops.sync_ops), "target_tokens": batches[1].n_tgt_tokens}  # fmt: skip
+                if path == "fused":
+                    row["compiled_graphs"] = _compiled_graphs(model, batches[1])
                 if ctx.device == "cuda":
                     row.update(_cuda_counts(step, batches[1]))
             ctx.record(**row)
         del model, step
         if ctx.device == "cuda":
             torch.cuda.empty_cache()
+
+
+def _compiled_graphs(model, batch) -> int:
+    """The graphs ``torch.compile`` cuts the forward into (1: no break; each break is a return to
+    Python between graphs, and a CUDA graph of each piece); traced only, not compiled."""
+    import torch
+
+    torch._dynamo.reset()
+    return torch._dynamo.explain(model)(batch).graph_count
 
 
 def _cuda_counts(step, batch) -> dict:

@@ -110,8 +110,8 @@ def our_run(p: TrainSpeedParams, ctx: StageContext, run: dict, data: dict, vocab
     params = load_model(checkpoint(run_dir))[0].n_params()
     cfg = raw["train"]
     return {"toolkit": "onmt_doc", "system": run["system"], "data": which, "amp": cfg.get("amp", "auto"),
-            "compile": cfg.get("compile", "off"), "params": params, "peak_mib": summary.get("peak_mib"),
-            "steps": summary.get("steps"), **rates}  # fmt: skip
+            "compile": cfg.get("compile", "off"), "static": bool(cfg.get("static_shapes", False)), "params": params,
+            "peak_mib": summary.get("peak_mib"), "steps": summary.get("steps"), **rates}  # fmt: skip
 
 
 def steady_rates(metrics: str, warmup: float) -> dict:

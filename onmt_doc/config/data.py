@@ -3,7 +3,7 @@
 ``data.train`` / ``data.valid`` take one corpus or several (a mapping of named corpora, or a list):
 :func:`load_corpora`, the fields' ``load`` hook, reads every shape into :class:`CorpusConfig` objects,
 and :meth:`DataConfig.corpora` hands the data layer one resolved list whatever the shape. The unit
-check of ``sentence_markup`` reaches the parts' units through ``registry_for``, as the loader does.
+check of ``sentence_markup`` asks the model section for its unit (``ModelConfig.resolved_unit``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import Any, Literal, Optional, Union
 
 from onmt_doc.config.options import RootConfig, SectionLoader, join_path, option, validate_tree
 from onmt_doc.errors import ConfigError
-from onmt_doc.registry import registry_for
 
 
 @dataclass
@@ -166,10 +165,7 @@ class DataConfig:
         if isinstance(self.valid, CorpusConfig) and bool(self.valid.src) != bool(self.valid.tgt):
             raise ConfigError(f"{path}.valid: needs both src and tgt (or neither)")
         if not self.sentence_markup:  # documents, windows and concatenations are cut by their <s> … </s>
-            m = root.model
-            parts = (("encoder", m.encoder), ("decoder", m.decoder))
-            declared = {registry_for(k).get(c.type).cls.unit for k, c in parts}
-            unit = m.unit or next(iter(declared - {"sentence"}), "sentence")
+            unit = root.model.resolved_unit()
             if unit != "sentence":
                 raise ConfigError(f"{path}.sentence_markup: false is for the sentence unit only, not {unit}")
 

@@ -76,14 +76,22 @@ class ModelConfig:
     encoder: PartConfig = part("encoder", "transformer", "the encoder; see [Encoders](#encoders)")
     decoder: PartConfig = part("decoder", "transformer", "the decoder; see [Decoders](#decoders)")
 
+    def part_units(self) -> set[str]:
+        """The units the encoder and decoder declare (``{"sentence"}``: sentence-level parts)."""
+        sections = (("encoder", self.encoder), ("decoder", self.decoder))
+        return {registry_for(k).get(c.type).cls.unit for k, c in sections}
+
+    def resolved_unit(self) -> str:
+        """The translation unit: the chosen one, else the one a document-level part declares."""
+        return self.unit or next(iter(self.part_units() - {"sentence"}), "sentence")
+
     def validate(self, path: str, root: RootConfig) -> None:
         """A chosen ``unit`` must be registered and fit the parts (``check_unit``); the parameters
         must fit in memory (``check_model_size``)."""
         check_model_size(self, path)
         if self.unit is not None:  # units live in the data layer: reached through their registry, like parts
-            sections = (("encoder", self.encoder), ("decoder", self.decoder))
-            part_units = {registry_for(k).get(c.type).cls.unit for k, c in sections}
-            registry_for("unit").get(self.unit, f"{path}.unit").cls.check_parts(self.unit, part_units, f"{path}.unit")
+            unit = registry_for("unit").get(self.unit, f"{path}.unit").cls
+            unit.check_parts(self.unit, self.part_units(), f"{path}.unit")
 
 
 def physical_memory() -> Optional[int]:

@@ -129,12 +129,23 @@ class TrainConfig:
         "`exact` refuses it (the checkpoint's data position would index another batch order); `next_epoch` "
         "accepts it and continues with the new batch order from the start of the next epoch",
     )
-    compile: Literal["off", "on", "auto"] = option(
+    compile: Literal["off", "on", "auto", "graphs"] = option(
         "off",
         "compile the model's forward and backward with `torch.compile` (dynamic shapes: one compilation serves "
         "every batch shape; the first step takes a minute or more): fused elementwise kernels and fewer "
         "launches, which is what a GPU step waits on. `auto` = on CUDA only; on a CPU it rarely pays. "
+        "`graphs` = compiled, and on CUDA each batch shape's kernels recorded once as a CUDA graph and "
+        'replayed (`mode="reduce-overhead"`): the host launches one graph a step instead of ~1,000 '
+        "kernels; needs `static_shapes: true`, so that shapes repeat. "
         "Measured in [benchmarks.md](benchmarks.md#gpu)",
+    )
+    static_shapes: bool = option(
+        False,
+        "pad every training batch to one of a few shapes (lengths 8, 16, …, 64 then eight per doubling, rows "
+        "four per doubling, the output layer's rows to a quarter of the batch; extra rows and `<pad>` targets "
+        "count nothing), so compiled code and CUDA graphs are reused across steps; costs up to ~1/8 more "
+        "columns and ~1/4 more rows of computation. For sentence-level models (the `sentence` unit and the "
+        "concatenation baselines), whose rows are independent",
     )
     device: str = option(
         "auto",
@@ -150,9 +161,17 @@ class TrainConfig:
     )
 
     def validate(self, path: str, root: RootConfig) -> None:
-        """Early stopping on BLEU needs the BLEU that only valid_bleu computes."""
+        """Early stopping on BLEU needs the BLEU that only valid_bleu computes; CUDA graphs need
+        static shapes, which need rows that are independent sentences."""
         if self.early_stopping_metric == "bleu" and not self.valid_bleu:
             raise ConfigError(f"{path}.early_stopping_metric: bleu needs {path}.valid_bleu: true")
+        if self.compile == "graphs" and not self.static_shapes:
+            raise ConfigError(f"{path}.compile: graphs needs {path}.static_shapes: true (a graph replays one shape)")
+        if self.static_shapes and root.model.part_units() != {"sentence"}:
+            raise ConfigError(
+                f"{path}.static_shapes: for sentence-level models only, not the {root.model.resolved_unit()} unit "
+                "(its batch rows belong to documents: added rows would change them)"
+            )
         names = [c.name for c in root.data.corpora("valid")]
         if self.best_on is not None and self.best_on not in names:
             raise ConfigError(

@@ -11,6 +11,7 @@ from onmt_doc.contracts import TARGET_ROWS_MULTIPLE, Batch
 from onmt_doc.data.instances import Example
 from onmt_doc.data.lengths import Lengths
 from onmt_doc.data.mapped import IndexedExamples, MappedExamples, Rows
+from onmt_doc.data.static_shapes import StaticShapes, pad_batch_arrays
 from onmt_doc.data.vocab import BOS_ID, EOS_ID, PAD_ID, SOS_ID, SPECIALS, UNK_ID
 
 
@@ -81,44 +82,65 @@ def collate(examples: Sequence[Example], indices: Optional[np.ndarray] = None) -
     return collate_rows(example_rows(examples), indices)
 
 
-def make_batch(examples: Sequence[Example], idx: np.ndarray) -> Batch:
+def make_batch(examples: Sequence[Example], idx: np.ndarray, shapes: Optional[StaticShapes] = None) -> Batch:
     """The batch of ``examples[i] for i in idx``: read straight from the mapped corpus when the
-    examples are mapped instances (no Example made), else :func:`collate` of them."""
+    examples are mapped instances (no Example made), else :func:`collate` of them; with ``shapes``,
+    padded to a static shape (``train.static_shapes``)."""
     if isinstance(examples, MappedExamples):
-        return collate_rows(examples.batch_rows(idx), idx)
-    return collate([examples[i] for i in idx], idx)
+        rows = examples.batch_rows(idx)
+    else:
+        rows = example_rows([examples[i] for i in idx])
+    return collate_rows(rows, idx, shapes)
 
 
-def collate_rows(rows: Rows, indices: Optional[np.ndarray] = None) -> Batch:
+def collate_rows(rows: Rows, indices: Optional[np.ndarray] = None, shapes: Optional[StaticShapes] = None) -> Batch:
     """The Batch of ``rows``: every tensor padded here, the host-side counts and positions
-    (``n_*``, ``tgt_index``) computed here, so nothing has to be read back from a GPU."""
+    (``n_*``, ``tgt_index``) computed here, so nothing has to be read back from a GPU. With
+    ``shapes`` (training batches with targets), padded to a static shape: extra rows and columns,
+    and ``tgt_target``, the output layer's targets with ``<pad>`` on its extra rows."""
     src = _pad(rows.src, rows.src_lens)
-    batch = Batch(
-        src=torch.from_numpy(src),
-        src_groups=torch.from_numpy(group_tags(src)),
-        doc_index=torch.from_numpy(rows.owner),
-        first_sent=torch.from_numpy(rows.first),
-        n_src_tokens=int((src != PAD_ID).sum()),
-        indices=indices,
-    )
+    n_src_tokens = int((src != PAD_ID).sum())  # before padding: an added row's <eos> is not text
+    owner, first, tgt_in, tgt_out = rows.owner, rows.first, None, None
     if rows.tgt is not None:
         tgt_in = _pad(rows.tgt, rows.tgt_lens, prefix=BOS_ID)
         tgt_out = _pad(rows.tgt, rows.tgt_lens, suffix=EOS_ID)
+        if shapes is not None:
+            src, tgt_in, tgt_out = pad_batch_arrays(shapes, src, tgt_in, tgt_out)
+            added = len(src) - len(owner)  # rows of their own (instances after the batch's)
+            owner = np.concatenate([owner, np.arange(added) + (int(owner.max()) + 1 if len(owner) else 0)])
+            first = np.concatenate([first, np.zeros(added, dtype=first.dtype)])
+    batch = Batch(
+        src=torch.from_numpy(src),
+        src_groups=torch.from_numpy(group_tags(src)),
+        doc_index=torch.from_numpy(owner),
+        first_sent=torch.from_numpy(first),
+        n_src_tokens=n_src_tokens,
+        indices=indices,
+    )
+    if tgt_in is not None and tgt_out is not None:
         batch.tgt_in, batch.tgt_out = torch.from_numpy(tgt_in), torch.from_numpy(tgt_out)
         batch.tgt_groups = torch.from_numpy(group_tags(tgt_in))
-        batch.tgt_index = torch.from_numpy(target_index(tgt_out))
+        index = target_index(tgt_out, None if shapes is None else shapes.target_step(*tgt_out.shape))
+        batch.tgt_index = torch.from_numpy(index)
         batch.n_tgt_tokens = int((tgt_out != PAD_ID).sum())
         batch.n_tgt_words = int(((tgt_out >= len(SPECIALS)) | (tgt_out == UNK_ID)).sum())
+        if shapes is not None:
+            target = tgt_out.reshape(-1)[index]
+            target[batch.n_tgt_tokens :] = PAD_ID
+            batch.tgt_target = torch.from_numpy(target)
         for key, (flat, lens) in rows.extra.items():
-            batch.extra[key] = torch.from_numpy(_pad(flat, lens, suffix=0))
+            extra = _pad(flat, lens, suffix=0)
+            if shapes is not None:  # to the static shape, zeros on the added rows and columns
+                extra = np.pad(extra, [(0, tgt_out.shape[0] - extra.shape[0]), (0, tgt_out.shape[1] - extra.shape[1])])
+            batch.extra[key] = torch.from_numpy(extra)
     return batch
 
 
-def target_index(tgt_out: np.ndarray) -> np.ndarray:
+def target_index(tgt_out: np.ndarray, step: Optional[int] = None) -> np.ndarray:
     """Flat positions of the non-padding targets (``Batch.tgt_index``), padded with position 0 to a
-    multiple of ``TARGET_ROWS_MULTIPLE`` rows."""
+    multiple of ``step`` rows (default ``TARGET_ROWS_MULTIPLE``; a static shape's own step)."""
     index = np.flatnonzero(tgt_out.reshape(-1) != PAD_ID)
-    short = -len(index) % TARGET_ROWS_MULTIPLE
+    short = -len(index) % (step or TARGET_ROWS_MULTIPLE)
     return np.concatenate([index, np.zeros(short, dtype=index.dtype)]) if short else index
 
 
@@ -263,8 +285,10 @@ class BatchSampler:
         rank: int = 0,
         world: int = 1,
         mix: Optional[CorpusMix] = None,
+        shapes: Optional[StaticShapes] = None,
     ):
-        self.examples = examples
+        """``shapes``: pad every batch to a static shape (``train.static_shapes``)."""
+        self.examples, self.shapes = examples, shapes
         self.lengths = example_lengths(examples)
         self.batch_tokens, self.seed, self.shuffle = batch_tokens, seed, shuffle
         self.rank, self.world = rank, world
@@ -318,7 +342,7 @@ class BatchSampler:
             while position < len(batches):
                 idx = batches[position]
                 position += 1
-                yield make_batch(self.examples, idx), epoch, position
+                yield make_batch(self.examples, idx, self.shapes), epoch, position
             epoch, position = epoch + 1, 0
 
     def completed_epochs(self) -> int:

@@ -39,6 +39,7 @@ from onmt_doc.modules.document_packing import (
     attend_documents_rows,
     document_memory,
     host_array,
+    plan_document_rows,
 )
 from onmt_doc.modules.row_buckets import RowBucket, row_plan, unbucket
 
@@ -166,6 +167,8 @@ class DocContextDecoder(TransformerDecoder):
             host_docs = [host_doc[b.host_rows] for b in buckets]
             host_keeps = [host_keep[b.host_rows, : b.length] for b in buckets]
             documents = self._document_memories(enc_out)
+            shapes = [(b.rows.numel(), b.length) for b in buckets]
+            plan = plan_document_rows(shapes, host_docs, documents[0].mask.size(0), tgt_in.device, host_keeps)
         else:  # h^ctx_i: each row reads its own (the bucket's rows, trimmed like the memory)
             own = [
                 RowBucket(b.rows, m.size(1)).take(enc_out.extra["sentence_context"]) for b, m in zip(buckets, memories)
@@ -183,6 +186,7 @@ class DocContextDecoder(TransformerDecoder):
                     host_row_docs=host_docs,
                     host_keeps=host_keeps,
                     rows=[b.rows for b in buckets],  # analysis: captured attention back in batch order
+                    plan=plan,  # one plan for every layer
                 )
             else:
                 doc_attention = partial(own_attention, layer.doc_attn, rows=rows, own=own, masks=masks)
@@ -195,6 +199,7 @@ class DocContextDecoder(TransformerDecoder):
         base = super().init_state(enc_out, batch, limit)
         return DocContextState(
             step=base.step,
+            capacity=base.capacity,
             self_kv=base.self_kv,
             cross_kv=base.cross_kv,
             memory_mask=base.memory_mask,

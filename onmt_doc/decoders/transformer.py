@@ -33,12 +33,14 @@ class TransformerDecoderConfig(PartConfig):
 
 @dataclass
 class TransformerState(DecoderState):
-    """Per layer, the self-attention cache (grows one position a step) and the cross-attention
-    keys/values of the memory (computed once; ``source_fields``, so beams of one sentence share them)."""
+    """Per layer, the self-attention cache (``capacity`` slots allocated at the first step and
+    written in place, one position a step) and the cross-attention keys/values of the memory
+    (computed once; ``source_fields``, so beams of one sentence share them)."""
 
     source_fields: ClassVar[tuple[str, ...]] = ("cross_kv", "memory_mask")
     owned_fields: ClassVar[tuple[str, ...]] = ("self_kv", "cross_kv")
     step: int
+    capacity: int  # slots of a self-attention cache: the search's longest output; doubles if a prefix needs more
     self_kv: list[Optional[KV]]
     cross_kv: list[KV]
     memory_mask: torch.Tensor  # [B, 1, 1, S]
@@ -74,15 +76,23 @@ class TransformerDecoderLayer(nn.Module):
         return self.ff_res(x, self.ff)
 
     def step(
-        self, x: torch.Tensor, cache: Optional[KV], memory_kv: KV, memory_mask: torch.Tensor, context: Any = None
+        self,
+        x: torch.Tensor,
+        cache: Optional[KV],
+        position: int,
+        capacity: int,
+        memory_kv: KV,
+        memory_mask: torch.Tensor,
+        context: Any = None,
     ) -> tuple[torch.Tensor, KV]:
-        """One position ``x`` [B, 1, D] after the self-attention ``cache``; returns its output and the
-        cache extended by it."""
+        """One position ``x`` [B, 1, D] at ``position``, after the self-attention ``cache`` ([B, H, C, d]
+        with ``capacity`` slots, allocated at the first step); returns its output and the cache,
+        written in place (the search's steps allocate nothing, and a step's shapes are its capacity's)."""
         new_cache = None
 
         def attend(h: torch.Tensor) -> torch.Tensor:
             nonlocal new_cache
-            out, new_cache = self.self_attn.step(h, cache)
+            out, new_cache = self.self_attn.step_at(h, cache, position, capacity)
             return out
 
         x = self.self_res(x, attend)
@@ -123,10 +133,12 @@ class TransformerDecoder(Decoder):
         return DecoderOut(self.final_norm(x))
 
     def init_state(self, enc_out: EncoderOut, batch: Batch, limit: Optional[LengthLimit] = None) -> TransformerState:
-        """Empty self-attention caches and the memory's cross-attention keys/values, computed once per
-        source; ``limit`` is unused."""
+        """Empty self-attention caches of the batch's longest output under ``limit`` (from the
+        source's padded width: a shape, read without waiting for a GPU) and the memory's
+        cross-attention keys/values, computed once per source."""
         return TransformerState(
             step=0,
+            capacity=cache_capacity(batch.src.size(1), limit),
             self_kv=[None] * len(self.layers),
             cross_kv=[layer.cross_attn.memory_kv(enc_out.memory) for layer in self.layers],
             memory_mask=enc_out.attention_mask(),
@@ -137,10 +149,22 @@ class TransformerDecoder(Decoder):
         x = self.embeddings(tokens[:, None], offset=state.step)
         contexts = self.state_contexts(state)
         for i, layer in enumerate(self.layers):
-            x, state.self_kv[i] = layer.step(x, state.self_kv[i], state.cross_kv[i], state.memory_mask, contexts[i])
+            x, state.self_kv[i] = layer.step(
+                x, state.self_kv[i], state.step, state.capacity, state.cross_kv[i], state.memory_mask, contexts[i]
+            )
         state.step += 1
         return self.final_norm(x)[:, 0], state
 
     def state_contexts(self, state: TransformerState) -> list[Any]:
         """``layer_contexts`` as the decoding state holds them."""
         return [None] * len(self.layers)
+
+
+def cache_capacity(src_width: int, limit: Optional[LengthLimit], default: int = 64) -> int:
+    """Self-attention cache slots for a search over sources of ``src_width`` tokens: ``<bos>`` and the
+    tokens before the cap's ``<eos>`` (``default`` without a limit: tests, forced decoding); a longer
+    forced prefix doubles the caches (``grow_kv``)."""
+    if limit is None:
+        return default
+    cap = min(int(src_width * limit.ratio) + limit.add, max(limit.max_length, 1))  # LengthLimit's, on the host
+    return max(cap, 3) + 1

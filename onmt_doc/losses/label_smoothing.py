@@ -86,8 +86,9 @@ class LabelSmoothedCE(Loss):
         """Label-smoothed cross entropy summed over the non-padding target tokens of ``out``; the
         statistics stay on the device (the trainer reads them at log time, not every step)."""
         loss, nll, correct = label_smoothed_nll(out.logits, out.target, self.cfg.smoothing)
-        return loss.sum(), {
-            "nll": nll.sum(),
-            "correct": correct.sum(),
-            "tokens": float(out.target.numel()),
-        }
+        tokens = float(out.target.numel())
+        if out.padded_targets:  # a static-shape batch: the rows with a <pad> target count nothing
+            real = out.target.ne(PAD_ID)
+            loss, nll, correct = loss.where(real, 0.0), nll.where(real, 0.0), correct & real
+            tokens = float(batch.n_tgt_tokens)
+        return loss.sum(), {"nll": nll.sum(), "correct": correct.sum(), "tokens": tokens}

@@ -56,6 +56,9 @@ class EncoderDecoder(nn.Module):
             return ModelOut(
                 self.generator(dec_out.hidden[mask]), batch.tgt_out[mask], mask, dec_out.hidden, enc_out, dec_out.aux
             )
+        if batch.tgt_target is not None:  # a static shape: every row of tgt_index, the losses weigh out <pad>
+            logits = self.generator(dec_out.hidden.flatten(0, 1).index_select(0, batch.tgt_index))
+            return ModelOut(logits, batch.tgt_target, mask, dec_out.hidden, enc_out, dec_out.aux, padded_targets=True)
         # positions chosen on the host (collate): no device sync. On a GPU the output layer also
         # computes the rows that round the count up (Batch.tgt_index) and drops them after
         n = batch.n_tgt_tokens

@@ -25,6 +25,13 @@ _SINK: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("onmt_doc
 COUNT_SUFFIX = "#n"  # key of the count that divides a statistic (see reporting.summarize)
 
 
+def _open(var: contextvars.ContextVar) -> Optional[object]:
+    """``var``'s block, or None while ``torch.compile`` traces: compiled code is the training step's,
+    which records nothing, and a ContextVar read there would split the compiled graph at every
+    attention call (torch's dynamo cannot trace it)."""
+    return None if torch.compiler.is_compiling() else var.get()
+
+
 @contextlib.contextmanager
 def collecting() -> Iterator[dict]:
     """Collect statistics recorded inside the block into the yielded dict ({name: sum, name#n: count})."""
@@ -39,13 +46,13 @@ def collecting() -> Iterator[dict]:
 def active() -> bool:
     """Whether a :func:`collecting` or :func:`capturing` block is open: parts test it before
     materialising anything to record."""
-    return _SINK.get() is not None or _CAPTURE.get() is not None
+    return _open(_SINK) is not None or _open(_CAPTURE) is not None
 
 
 def record(name: str, total: float, count: float) -> None:
     """Add ``total`` and ``count`` to statistic ``name``; a no-op outside :func:`collecting`, and zero
     counts are dropped so a reported mean never divides by zero."""
-    sink = _SINK.get()
+    sink = _open(_SINK)
     if sink is not None and count > 0:
         sink[name] = sink.get(name, 0.0) + float(total)
         sink[name + COUNT_SUFFIX] = sink.get(name + COUNT_SUFFIX, 0.0) + float(count)
@@ -54,7 +61,7 @@ def record(name: str, total: float, count: float) -> None:
 def record_entropy(name: str, probs: torch.Tensor, queries: torch.Tensor) -> None:
     """Mean entropy in bits of attention distributions ``probs`` [..., H, Tq, Tk] over heads and
     the queries where ``queries`` [..., Tq] is True."""
-    if _SINK.get() is None:
+    if _open(_SINK) is None:
         return
     p = probs.float()
     ent = -(p * torch.log2(p.clamp_min(1e-30))).sum(-1)  # [..., H, Tq]
@@ -64,7 +71,7 @@ def record_entropy(name: str, probs: torch.Tensor, queries: torch.Tensor) -> Non
 
 def record_mean(name: str, values: torch.Tensor, where: torch.Tensor) -> None:
     """Mean of ``values`` [..., D] over the positions where ``where`` [...] is True."""
-    if _SINK.get() is not None:
+    if _open(_SINK) is not None:
         record(name, (values.float() * where.unsqueeze(-1)).sum().item(), where.sum().item() * values.size(-1))
 
 
@@ -111,7 +118,7 @@ def capturing(names: Optional[Mapping[torch.nn.Module, str]] = None) -> Iterator
 def capture_key(module: torch.nn.Module, probe: Optional[str]) -> Optional[str]:
     """The name an attention call of ``module`` is captured under inside :func:`capturing`: its
     probe's name, else the name the capture gives the module; None (nothing to capture) otherwise."""
-    capture = _CAPTURE.get()
+    capture = _open(_CAPTURE)
     if capture is None:
         return None
     return probe if probe is not None else capture.names.get(id(module))
@@ -119,6 +126,6 @@ def capture_key(module: torch.nn.Module, probe: Optional[str]) -> Optional[str]:
 
 def capture(name: str, value: torch.Tensor, rows: Optional[torch.Tensor] = None) -> None:
     """Keep ``value`` under ``name`` (a no-op outside :func:`capturing`)."""
-    sink = _CAPTURE.get()
+    sink = _open(_CAPTURE)
     if sink is not None:
         sink.tensors.setdefault(name, []).append(Captured(value.detach().float(), rows))

@@ -78,6 +78,7 @@ class Packing:
         return pad.index_fill(0, self.index, False).view(self.docs, self.slots)
 
 
+@torch.compiler.disable  # host planning in numpy: outside any compiled graph
 def plan_packing(
     row_doc: HostArray,
     n_docs: int,
@@ -135,6 +136,39 @@ def attend_documents(
     return attend_documents_rows(attn, [h], [row_doc], memory, probe=probe, host_row_docs=host)[0]
 
 
+@dataclass
+class RowsPlan:
+    """Where the queries of rows in several groups (length buckets) go when packed per document:
+    the packing of all groups' kept positions, and per group its documents (one entry per kept
+    query) and kept positions (None: all)."""
+
+    packing: Packing
+    docs: list[np.ndarray]
+    wheres: list[Optional[torch.Tensor]]
+
+
+@torch.compiler.disable  # host planning in numpy: outside any compiled graph
+def plan_document_rows(
+    shapes: Sequence[tuple[int, int]],
+    row_docs: Sequence[HostArray],
+    n_docs: int,
+    device: Union[str, torch.device],
+    keeps: Optional[Sequence[HostArray]] = None,
+) -> RowsPlan:
+    """The :class:`RowsPlan` of groups of [r_i, T_i] (``shapes``) rows of documents ``row_docs[i]``
+    [r_i], keeping the positions ``keeps[i]`` [r_i, T_i] where given; best from host copies (device
+    tensors are read). One plan serves every layer of a forward pass."""
+    docs, wheres = [], []
+    for i, ((_, t), row_doc) in enumerate(zip(shapes, row_docs)):
+        doc, where = np.repeat(host_array(row_doc), t), None
+        if keeps is not None:
+            pos = np.flatnonzero(host_array(keeps[i]).reshape(-1))
+            doc, where = doc[pos], to_device(pos, device)
+        docs.append(doc)
+        wheres.append(where)
+    return RowsPlan(plan_packing(np.concatenate(docs), n_docs, device=device), docs, wheres)
+
+
 def attend_documents_rows(
     attn: MultiHeadAttention,
     hs: Sequence[torch.Tensor],
@@ -145,28 +179,28 @@ def attend_documents_rows(
     host_row_docs: Optional[Sequence[HostArray]] = None,
     host_keeps: Optional[Sequence[HostArray]] = None,
     rows: Optional[Sequence[torch.Tensor]] = None,
+    plan: Optional[RowsPlan] = None,
 ) -> list[torch.Tensor]:
     """:func:`attend_documents` for rows in several groups at once (length buckets, ``row_buckets``):
     queries hs[i] [r_i, T_i, D] of rows of documents row_docs[i] [r_i]. The query positions of
     every group (only the ``keeps[i]`` [r_i, T_i] ones where given) are packed per document in one
     sequence, so a document's rows spread over buckets still share one packed query sequence.
-    ``host_row_docs`` / ``host_keeps``: host copies of ``row_docs`` / ``keeps`` (the plan is made on
-    the host; without them it reads the device). Returns [r_i, T_i, D] per group, zeros at positions
-    not kept. Inside ``analysis.capturing`` the probabilities are captured per group as
+    ``plan``: :func:`plan_document_rows` of the same rows, made once for every layer; without it
+    the plan is made here, from ``host_row_docs`` / ``host_keeps`` (host copies of ``row_docs`` /
+    ``keeps``) where given, else by reading the device. Returns [r_i, T_i, D] per group, zeros at
+    positions not kept. Inside ``analysis.capturing`` the probabilities are captured per group as
     [r_i, T_i, H, N] under ``probe``, with the group's batch ``rows`` where given."""
-    queries, docs, wheres = [], [], []
-    for i, (h, row_doc) in enumerate(zip(hs, row_docs)):
+    if plan is None:
+        host_keeps = host_keeps if host_keeps is not None else keeps
+        shapes = [tuple(h.shape[:2]) for h in hs]
+        docs_of = host_row_docs if host_row_docs is not None else row_docs
+        plan = plan_document_rows(shapes, docs_of, memory.mask.size(0), hs[0].device, host_keeps)
+    packing, docs, wheres = plan.packing, plan.docs, plan.wheres
+    queries = []
+    for h, where in zip(hs, wheres):
         r, t, d = h.shape
-        doc = np.repeat(host_array(host_row_docs[i] if host_row_docs is not None else row_doc), t)
-        flat, where = h.reshape(r * t, d), None
-        if keeps is not None:
-            pos = np.flatnonzero(host_array(host_keeps[i] if host_keeps is not None else keeps[i]).reshape(-1))
-            doc, where = doc[pos], to_device(pos, h.device)
-            flat = flat.index_select(0, where)
+        flat = h.reshape(r * t, d) if where is None else h.reshape(r * t, d).index_select(0, where)
         queries.append(attn.q(flat).view(-1, 1, attn.heads, attn.d_head))  # [K_i, 1, H, d_head]
-        docs.append(doc)
-        wheres.append(where)
-    packing = plan_packing(np.concatenate(docs), memory.mask.size(0), device=hs[0].device)
     q = packing.pack(torch.cat(queries)).transpose(1, 2)  # [G, H, M, d_head]
     query_probe: Optional[Probe] = None
     capturing = probe is not None and analysis.capture_key(attn, probe) is not None

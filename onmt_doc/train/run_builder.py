@@ -37,6 +37,7 @@ from onmt_doc.data.prepare import (
     load_examples,
     train_corpora,
 )
+from onmt_doc.data.static_shapes import StaticShapes
 from onmt_doc.errors import UserError
 from onmt_doc.evaluation.corpus_metrics import report
 from onmt_doc.losses import Loss, build_losses, loss_fields
@@ -146,7 +147,10 @@ def build_run(cfg: Config, ctx: DistContext) -> RunParts:
     prepare_caches(cfg.data, codec, run_dir, ctx)
     examples, mix = load_training_data(cfg.data, codec, model.unit, run_dir, train_fields)
     valid_sets = load_valid_sets(cfg.data, codec, model.unit, run_dir, valid_fields)
-    sampler = BatchSampler(examples, cfg.train.batch_tokens, cfg.train.seed, rank=ctx.rank, world=ctx.world, mix=mix)
+    shapes = StaticShapes() if cfg.train.static_shapes else None
+    sampler = BatchSampler(
+        examples, cfg.train.batch_tokens, cfg.train.seed, rank=ctx.rank, world=ctx.world, mix=mix, shapes=shapes
+    )
     return RunParts(
         codec=codec,
         model=model,

@@ -113,6 +113,8 @@ class Trainer:
         stats = StepStats()
         for i, batch in enumerate(batches):
             batch = batch.to(self.ctx.device)
+            if self.cfg.train.compile == "graphs":  # the last step's graph outputs are no longer read
+                torch.compiler.cudagraph_mark_step_begin()
             sync = self.ddp is None or i == len(batches) - 1
             with contextlib.nullcontext() if sync else self.ddp.no_sync(), autocast(self.ctx.device, self.amp_dtype):
                 total, s = self._losses(batch, training=True)
@@ -293,10 +295,14 @@ class Trainer:
 def compiled(module: torch.nn.Module, setting: str, device: torch.device) -> torch.nn.Module:
     """``module`` compiled by ``torch.compile`` when ``train.compile`` asks for it (``auto``: on CUDA),
     else itself. Dynamic shapes: token-budget batches change shape every step, and one compilation
-    must serve them all (a static one recompiles per shape and gives up after a few)."""
+    must serve them all (a static one recompiles per shape and gives up after a few). ``graphs``
+    also records each batch shape's kernels as a CUDA graph (``train.static_shapes`` makes shapes
+    repeat; on a CPU there is nothing to record and it is ``on``)."""
     if setting == "off" or (setting == "auto" and device.type != "cuda"):
         return module
     log.info("train.compile=%s: the first training steps compile the model (a minute or more)", setting)
+    if setting == "graphs":
+        return torch.compile(module, dynamic=True, mode="reduce-overhead")
     return torch.compile(module, dynamic=True)
 
 
