@@ -249,12 +249,13 @@ def state_sizes(section: dict, steps: int) -> list[int]:
 
 
 def test_decoding_state_does_not_grow():
-    """The MHPLSTM state holds the same bytes after 1 and after 60 steps; the Transformer's
-    (same shapes) grows with every step, so the measure sees growth."""
-    sizes = state_sizes(MHPLSTM, 60)
+    """The MHPLSTM state holds the same bytes after 1 and after 80 steps; the Transformer's (same
+    shapes) holds its self-attention caches, allocated for 64 positions without a length limit and
+    doubled past them, so the measure sees growth."""
+    sizes = state_sizes(MHPLSTM, 80)
     assert len(set(sizes)) == 1, sizes
-    grown = state_sizes(TRANSFORMER, 3)
-    assert grown[0] < grown[1] < grown[2]
+    grown = state_sizes(TRANSFORMER, 80)
+    assert grown[0] == grown[63] < grown[64] == grown[79]
 
 
 @pytest.mark.parametrize(
