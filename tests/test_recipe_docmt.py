@@ -35,3 +35,16 @@ def test_an_output_folder_holding_other_files_is_refused(tmp_path):
     r = run("--data", str(data), "--out", str(out))
     assert r.returncode == 2 and "holds files this recipe did not write" in r.stderr and "Traceback" not in r.stderr
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+def test_a_budget_or_size_out_of_range_is_one_line(tmp_path):
+    for flag, value, says in (
+        ("--minutes", "0", "must be positive"),
+        ("--minutes", "-5", "must be positive"),
+        ("--test_sentences", "-1", "must be 0 (all) or more"),
+    ):
+        r = run("--data", str(tmp_path), "--out", str(tmp_path / "out"), flag, value)
+        assert r.returncode == 2 and "Traceback" not in r.stderr
+        shown = float(value) if flag == "--minutes" else value
+        assert r.stderr.strip().splitlines() == [f"error: {flag} {shown}: {says}"]
+        assert not (tmp_path / "out").exists()

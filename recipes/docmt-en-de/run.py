@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import json
 import os
 import random
@@ -415,6 +416,22 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
+def import_toolkit() -> Optional[str]:
+    """None once ``onmt_doc`` imports, from this checkout when it is not installed (the recipe lives in
+    the repository, two folders down); else why not, in one line."""
+    root = os.path.dirname(os.path.dirname(HERE))
+    if importlib.util.find_spec("onmt_doc") is None and os.path.isdir(os.path.join(root, "onmt_doc")):
+        sys.path.insert(0, root)
+    try:
+        import pyonmttok  # noqa: F401
+        import sacrebleu  # noqa: F401
+
+        import onmt_doc.train.reporting  # noqa: F401  (torch and the rest of what the recipe needs)
+    except ImportError as e:
+        return f"cannot import onmt_doc ({e}): install it first, `pip install -r requirements.txt -e .`"
+    return None
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Run the recipe into ``--out`` (results.jsonl, table.md, one run folder per system)."""
     p = argparse.ArgumentParser(
@@ -429,6 +446,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--test_sentences", type=int, default=600, help="per domain, whole documents (0: all)")
     p.add_argument("--ablation_sentences", type=int, default=300, help="per domain (0: all)")
     a = p.parse_args(argv)
+    for flag in ("minutes", "test_sentences", "ablation_sentences"):
+        value = getattr(a, flag)
+        if value < 0 or (flag == "minutes" and value == 0):
+            print(f"error: --{flag} {value}: must be {'positive' if flag == 'minutes' else '0 (all) or more'}",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+    missing = import_toolkit()
+    if missing:
+        print(f"error: {missing}", file=sys.stderr)
+        return 2
     for rel in ("docmt-en-de/ted.dev.en", "multi30k-en-de/train.en", "news-sent-en-de/newstest2008-2013.en"):
         if not os.path.isfile(os.path.join(a.data, rel)):
             print(f"error: --data {a.data}: {rel} not found (see ../shared/data/README.md)", file=sys.stderr)
