@@ -505,3 +505,27 @@ def test_context_windows_keep_the_output_aligned_line_by_line(hm_run, toy_dir, t
     assert scores["bleu"] > 50, scores
     # forced decoding (-score) of the references: one log-probability per line, breaks kept
     assert_forced_scores_keep_breaks(Translator(model, codec, saved), toy_dir, tmp_path / "test.scores")
+
+
+@pytest.mark.parametrize("variant", ["both", "document"])
+def test_a_compiled_forward_leaves_its_graph_only_for_the_two_host_plans(variant):
+    """On the fused (GPU) path torch.compile traces HM-GDC's forward in pieces split only where the
+    host plans the batch: once for the encoder (``plan_encoder``: buckets, both packings and the
+    document reading's query plan) and once for the decoder (``plan_document_rows``), whatever the
+    reading; the compiled forward computes what the eager one does. (The encoder read the batch's
+    host copy and planned each packing where it used it: a break at each.)"""
+    from onmt_doc import devices
+
+    model, _ = random_model(VARIANTS[variant], seed=3)
+    batch = context_batch(random_docs([3, 1, 2, 4], seed=2))
+    with devices.forced_path("fused"):
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(model)(batch)
+        planned = [r.reason for r in explained.break_reasons]
+        assert len(planned) == 2, planned
+        assert "plan_encoder" in planned[0] and "plan_document_rows" in planned[1], planned
+        with torch.no_grad():
+            expected = model(batch).logits
+            torch._dynamo.reset()
+            got = torch.compile(model, backend="eager", dynamic=True)(batch).logits
+    assert got.shape == expected.shape and torch.allclose(got, expected, atol=1e-5)

@@ -38,15 +38,17 @@ from onmt_doc.errors import ConfigError
 from onmt_doc.modules import analysis
 from onmt_doc.modules.attention import MultiHeadAttention
 from onmt_doc.modules.document_packing import (
-    HostArray,
+    Packing,
+    RowsPlan,
     attend_documents_rows,
     document_memory,
     host_array,
+    plan_document_rows,
     plan_packing,
 )
 from onmt_doc.modules.dropout import Dropout
 from onmt_doc.modules.embeddings import SinusoidalPositions
-from onmt_doc.modules.row_buckets import batch_order, row_plan, unbucket
+from onmt_doc.modules.row_buckets import RowBucket, batch_order, row_plan, unbucket
 from onmt_doc.registry import registry_for
 
 
@@ -148,12 +150,8 @@ class HierarchicalEncoder(TransformerEncoder):
         pad = batch.src.eq(PAD_ID)
         keep = ~pad
         row_doc = batch.doc_index.to(batch.src.device)
-        # the plans are made on the host, from the batch's host copy (no device read on a GPU)
-        host = batch.host
-        host_doc = host_array(host.doc_index if host is not None else row_doc)
-        host_keep = host_array(host.src.ne(PAD_ID) if host is not None else keep)
-        n_docs, device = int(host_doc.max()) + 1, batch.src.device
-        buckets = row_plan(keep)
+        plan = plan_encoder(batch, keep, self.context == "document")
+        buckets = plan.buckets
         keeps = [b.take(keep) for b in buckets]
         h_parts, sentences = [], []
         for b, keep_b in zip(buckets, keeps):
@@ -162,36 +160,30 @@ class HierarchicalEncoder(TransformerEncoder):
             sentences.append(self.pool(self.sentence_attn(h_b, keep_b[:, None, None, :]), keep_b))  # eqs. 2-3
             h_parts.append(h_b)
         sentences = torch.cat(sentences).index_select(0, batch_order(buckets))  # [R, D] in batch order
-        h_s, sent_pad = self.encode_document(sentences, host_doc, n_docs)  # eq. 4: [G, N, D]
-        if self.context == "own_sentence":  # eqs. 5-6, H^S_i
-            own_slot = plan_packing(host_doc, n_docs, device=device).unpack(h_s)  # [R, 1, D]
+        h_s, sent_pad = self.encode_document(sentences, plan.sentences)  # eq. 4: [G, N, D]
+        if plan.rows is None:  # eqs. 5-6, H^S_i
+            own_slot = plan.sentences.unpack(h_s)  # [R, 1, D]
             d_ctx = [
                 own_sentence_context(self.context_attn, h_b, own_slot.index_select(0, b.rows), keep_b, b.rows)
                 for b, h_b, keep_b in zip(buckets, h_parts, keeps)
             ]
         else:  # eqs. 5-6, all H^S_k; the real words of all buckets packed per document
-            row_docs = [row_doc.index_select(0, b.rows) for b in buckets]
-            doc_memory = document_memory(self.context_attn, h_s, sent_pad)
-            host_docs = [host_doc[b.host_rows] for b in buckets]
-            host_keeps = [host_keep[b.host_rows, : b.length] for b in buckets]
             d_ctx = attend_documents_rows(
                 self.context_attn,
                 h_parts,
-                row_docs,
-                doc_memory,
+                [row_doc.index_select(0, b.rows) for b in buckets],
+                document_memory(self.context_attn, h_s, sent_pad),
                 keeps,
                 "enc_doc_context",
-                host_docs,
-                host_keeps,
                 rows=[b.rows for b in buckets],
+                plan=plan.rows,
             )
         ctx_parts = [h_b + self.context_dropout(d) for h_b, d in zip(h_parts, d_ctx)]  # eq. 7
         length = batch.src.size(1)
         h_ctx = unbucket(ctx_parts, buckets, length)
-        words = plan_packing(host_doc, n_docs, length, host_keep, device=device)
         extra = {
-            "doc_memory": words.pack(h_ctx),
-            "doc_memory_pad": words.padding(),
+            "doc_memory": plan.words.pack(h_ctx),
+            "doc_memory_pad": plan.words.padding(),
             "row_doc": row_doc,  # eq. 8
             "sentence_context": h_ctx,
         }
@@ -204,12 +196,9 @@ class HierarchicalEncoder(TransformerEncoder):
             return a.masked_fill(~keep[..., None], float("-inf")).amax(1)
         return (a * keep[..., None]).sum(1) / keep.sum(1, keepdim=True).clamp(min=1)
 
-    def encode_document(
-        self, sentences: torch.Tensor, row_doc: HostArray, n_docs: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """eq. 4: H^S = DocEnc(h^S) over each document's sentence vectors [R, D] of rows of documents
-        ``row_doc`` (host copy), packed [G, N, D]; and the padding of the packed sequences [G, N]."""
-        packing = plan_packing(row_doc, n_docs, device=sentences.device)
+    def encode_document(self, sentences: torch.Tensor, packing: Packing) -> tuple[torch.Tensor, torch.Tensor]:
+        """eq. 4: H^S = DocEnc(h^S) over each document's sentence vectors [R, D], packed per document
+        by ``packing`` to [G, N, D]; and the padding of the packed sequences [G, N]."""
         x, pad = packing.pack(sentences[:, None]), packing.padding()
         if self.doc_positions is not None:
             x = x + self.doc_positions(0, x.size(1))
@@ -217,6 +206,40 @@ class HierarchicalEncoder(TransformerEncoder):
         for layer in self.doc_layers:
             x = layer(x, mask, probe=("doc_sentences", ~pad))  # analysis: the sentence-level attention
         return self.doc_norm(x), pad
+
+
+@dataclass
+class EncoderPlan:
+    """Where a forward pass puts the batch's rows, planned once on the host: every layer and reading
+    uses it, and a compiled forward leaves its graph once for it, not once per packing."""
+
+    buckets: list[RowBucket]  # the per-row parts' length buckets (one bucket on the fused path)
+    sentences: Packing  # the sentence vectors [R] per document: [G documents, N sentences] (eq. 4)
+    words: Packing  # the real words [R, L] per document: [G, M] (eq. 8's C)
+    rows: Optional[RowsPlan]  # the buckets' words as queries over their document (``context: document``)
+
+
+@torch.compiler.disable  # host planning in numpy: outside any compiled graph
+def plan_encoder(batch: Batch, keep: torch.Tensor, document_reading: bool) -> EncoderPlan:
+    """The :class:`EncoderPlan` of ``batch`` (``keep`` [R, L]: its real positions), from the batch's
+    host copy where it has one (``Batch.host``: no device read on a GPU)."""
+    host, device = batch.host, batch.src.device
+    host_doc = host_array(host.doc_index if host is not None else batch.doc_index)
+    host_keep = host_array(host.src.ne(PAD_ID) if host is not None else keep)
+    n_docs = int(host_doc.max()) + 1
+    buckets = row_plan(keep)
+    rows = None
+    if document_reading:
+        shapes = [(len(b.host_rows), b.length) for b in buckets]
+        docs = [host_doc[b.host_rows] for b in buckets]
+        keeps = [host_keep[b.host_rows, : b.length] for b in buckets]
+        rows = plan_document_rows(shapes, docs, n_docs, device, keeps)
+    return EncoderPlan(
+        buckets,
+        plan_packing(host_doc, n_docs, device=device),
+        plan_packing(host_doc, n_docs, batch.src.size(1), host_keep, device=device),
+        rows,
+    )
 
 
 def own_sentence_context(
