@@ -105,6 +105,10 @@ def main(argv: list[str]) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("benchmarks: interrupted; the running stage was stopped (results.jsonl keeps what it measured)",
+              file=sys.stderr)  # fmt: skip
+        return 130
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ run() {
   local stages=${1:?usage: run STAGES SECONDS [ARGS...]} seconds=${2:?usage: run STAGES SECONDS [ARGS...]}
   shift 2
   local out=${OUT:?OUT: the folder whose files come back}
+  mkdir -p "$out" || return 1
   local work=${GPU_WORK:-/tmp/gpu}
   # the wheels are for the device machine's Python (3.12); a machine that has the libraries keeps its own
   if ! python3 -c "import pyonmttok, torch_optimizer" 2>/dev/null && ls .carry/gpuwhl/*.whl >/dev/null 2>&1; then
@@ -43,7 +44,8 @@ run() {
   [ -d "$data" ] || data=${ONMT_DOC_DATA:-../shared/data}
   (while sleep 5; do cp "$work"/results.jsonl "$work"/run.json "$out"/ 2>/dev/null; done) &
   local copier=$!
-  timeout "$seconds" python3 -m benchmarks run gpu.yaml --stages "$stages" --data "$data" --out "$work" "$@" \
+  # at the limit timeout's SIGTERM makes the runner stop its running stage's whole process group
+  timeout -k 10 "$seconds" python3 -m benchmarks run gpu.yaml --stages "$stages" --data "$data" --out "$work" "$@" \
     > "$out/log.txt" 2>&1
   local rc=$?
   kill "$copier" 2>/dev/null

@@ -214,3 +214,55 @@ def test_a_spec_is_read_as_strictly_as_a_config(tmp_path, text, message):
         path.write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(ConfigError, match=message):
         load_spec(str(path))
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie no reaper collected counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_a_stopped_runner_stops_its_running_stage_and_says_so(tmp_path, signum):
+    """`timeout` (SIGTERM) or Ctrl-C (SIGINT) on `python -m benchmarks run`: the running stage, in a
+    session of its own, is stopped with everything it started, and results.jsonl marks it
+    interrupted; before, the stage ran on (on a lent GPU machine, after its call had ended)."""
+    import signal
+    import time
+
+    started = tmp_path / "stage.pid"
+    (tmp_path / "test_sleeping.py").write_text(
+        f"import os, time\n\ndef test_sleeps():\n    open({str(started)!r}, 'w').write(str(os.getpid()))\n"
+        "    time.sleep(120)\n",
+        encoding="utf-8",
+    )
+    spec = write_spec(
+        tmp_path / "spec.yaml",
+        f"  - name: long\n    type: pytest\n    budget_seconds: 100\n"
+        f"    params: {{args: [-p, no:cacheprovider, {tmp_path / 'test_sleeping.py'}]}}\n",
+    )
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "benchmarks", "run", str(spec), "--out", str(out)]
+    runner = subprocess.Popen(cmd, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):
+            if started.exists() and started.read_text():
+                break
+            time.sleep(0.1)
+        stage_pid = int(started.read_text())
+        runner.send_signal(getattr(signal, signum))
+        _, err = runner.communicate(timeout=30)
+    finally:
+        runner.kill()
+    assert runner.returncode == 130 and "Traceback" not in err, err
+    assert "interrupted" in err.strip().splitlines()[-1]
+    for _ in range(50):
+        if not _alive(stage_pid):
+            break
+        time.sleep(0.1)
+    assert not _alive(stage_pid)
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert {"stage": "long", "status": "interrupted"}.items() <= records[-1].items()

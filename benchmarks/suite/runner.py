@@ -3,7 +3,8 @@ budget and the next one runs), in order, every measurement written as it is take
 
 ``OUT/run.json`` says what ran where (command, machine, GPU, torch, date); ``OUT/results.jsonl``
 holds one JSON line per measurement (``ctx.record``) and one status line per stage
-(``{"stage": ..., "status": ok|failed|timeout|skipped, "seconds": ...}``). ``OUT`` is a folder the
+(``{"stage": ..., "status": ok|failed|timeout|skipped|interrupted, "seconds": ...}``; interrupted: the runner was
+stopped by SIGINT or SIGTERM, and stopped the stage). ``OUT`` is a folder the
 suite made (``.benchmark-run``) or a new or empty one, never one of the repository's own
 (:func:`claim_run_folder`)."""
 
@@ -141,7 +142,12 @@ def run_spec(
             rc = run_stage(spec, st.name, out, smoke, data, device, time.time() + budget)
             status, seconds = ("ok" if rc == 0 else "failed"), time.time() - t0
         else:
-            status, seconds = _run_child(spec, st, out, smoke, data, device, budget)
+            t0 = time.time()
+            try:
+                status, seconds = _run_child(spec, st, out, smoke, data, device, budget)
+            except KeyboardInterrupt:  # Ctrl-C or SIGTERM (a `timeout`): the stage is stopped, say so
+                _status(results, st.name, "interrupted", time.time() - t0, "the run was stopped")
+                raise
         _status(results, st.name, status, seconds)
         failures += status != "ok"
     print(f"[suite] done: {len(spec.stages) - failures}/{len(spec.stages)} stages ok; {results}", file=sys.stderr)
@@ -186,8 +192,15 @@ def select_stages(spec: Spec, names: list[str]) -> list[StageSpec]:
     return [s for s in spec.stages if s.name in names]
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _run_child(spec: Spec, st: StageSpec, out: str, smoke: bool, data: str, device: str, budget: float):
-    """One stage in a child process, stopped (its whole process group) past budget + grace."""
+    """One stage in a child process, stopped (its whole process group) past budget + grace, and when
+    this process is interrupted or terminated: the stage runs in a session of its own, so a signal to
+    the runner alone (`timeout`, a closed terminal) would leave it running on a machine whose call
+    has ended. SIGINT is handled even where the runner inherited it ignored (a background job)."""
     deadline = time.time() + budget
     cmd = [sys.executable, "-m", "benchmarks", "run", os.path.abspath(spec.path), "--only", st.name, "--out", out]
     cmd += ["--data", data, "--device", device, "--deadline", f"{deadline:.1f}"] + (["--smoke"] if smoke else [])
@@ -195,17 +208,23 @@ def _run_child(spec: Spec, st: StageSpec, out: str, smoke: bool, data: str, devi
     env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     print(f"[suite] stage {st.name} ({st.type}), budget {budget:.0f} s", file=sys.stderr, flush=True)
     t0 = time.time()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True)
+    before = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        rc = proc.wait(timeout=budget + GRACE_SECONDS)
-        status = "ok" if rc == 0 else "failed"
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        status = "timeout"
-    except KeyboardInterrupt:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=budget + GRACE_SECONDS)
+            status = "ok" if rc == 0 else "failed"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            status = "timeout"
+        except KeyboardInterrupt:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
     return status, time.time() - t0
 
 
