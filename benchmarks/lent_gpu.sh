@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The GPU spec on a lent GPU machine, in two commands (benchmarks/README.md, "Running the GPU spec"):
 #
-#   bash benchmarks/lent_gpu.sh prepare                 # here: .carry/gpuwhl (wheels) and .carry/data
+#   bash benchmarks/lent_gpu.sh prepare                 # here: .carry/{gpuwhl,ct2whl} (wheels), .carry/data
 #   bash benchmarks/lent_gpu.sh run STAGES SECONDS [ARGS...]   # there, in one device call
 #
 # The device machine has torch but lacks pyonmttok, torch-optimizer and the peer OpenNMT-py 3.5.1, and
-# cannot reach ../shared: `prepare` puts them in git-ignored folders the device call carries
-# (carry: [".carry/gpuwhl", ".carry/data"], 64 MiB in all). `run` installs the wheels, runs
+# cannot reach ../shared: `prepare` puts them in git-ignored folders the device call carries (64 MiB
+# in all): [".carry/gpuwhl", ".carry/data"] for the stages on real data, [".carry/ct2whl"] for
+# `decoding` (CTranslate2) with the stages on random weights. `run` installs the wheels, runs
 # `python -m benchmarks run gpu.yaml --stages STAGES` under `timeout SECONDS` and copies run.json and
 # results.jsonl into $OUT every 5 s, so a call cut off still brings back what was measured; at the end
 # it adds log.txt and runs.tgz (every training's metrics.jsonl, the peer's log, the recipe's table.md).
@@ -15,16 +16,25 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
+wheels() {  # FOLDER PACKAGE...: wheels for the device machine's Python 3.12 on x86_64 Linux
+  local folder=$1
+  shift
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 -d "$folder" "$@"
+}
+
 prepare() {
   local data=${ONMT_DOC_DATA:-../shared/data}
   grep -qx '/.carry/' .git/info/exclude 2>/dev/null || echo /.carry/ >> .git/info/exclude
-  mkdir -p .carry/gpuwhl .carry/data
+  mkdir -p .carry/gpuwhl .carry/ct2whl .carry/data
   cp -r "$data"/{docmt-en-de,multi30k-en-de,news-sent-en-de,README.md} .carry/data/ || return 1
-  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-    --platform manylinux2014_x86_64 -d .carry/gpuwhl pyonmttok==1.38.1 torch-optimizer==0.3.0 pytorch-ranger \
-    opennmt-py==3.5.1 configargparse rapidfuzz pyahocorasick || return 1
-  du -sh .carry/gpuwhl .carry/data
+  local ours=(pyonmttok==1.38.1 torch-optimizer==0.3.0 pytorch-ranger)
+  # the data calls: our libraries, the peer OpenNMT-py and what it imports
+  wheels .carry/gpuwhl "${ours[@]}" opennmt-py==3.5.1 configargparse rapidfuzz pyahocorasick || return 1
+  # the decoding call (no data): our libraries and CTranslate2 (43 MB: it does not fit beside the data)
+  wheels .carry/ct2whl "${ours[@]}" ctranslate2==4.8.5 || return 1
+  du -sh .carry/gpuwhl .carry/ct2whl .carry/data
 }
 
 run() {
@@ -34,8 +44,13 @@ run() {
   mkdir -p "$out" || return 1
   local work=${GPU_WORK:-/tmp/gpu}
   # the wheels are for the device machine's Python (3.12); a machine that has the libraries keeps its own
-  if ! python3 -c "import pyonmttok, torch_optimizer" 2>/dev/null && ls .carry/gpuwhl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .carry/gpuwhl/*.whl || return 1
+  local -A seen=()
+  local carried=() w
+  for w in .carry/*whl/*.whl; do  # every carried folder's wheels, each once
+    [ -e "$w" ] && [ -z "${seen[${w##*/}]:-}" ] && seen[${w##*/}]=1 && carried+=("$w")
+  done
+  if ! python3 -c "import pyonmttok, torch_optimizer" 2>/dev/null && [ ${#carried[@]} -gt 0 ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "${carried[@]}" || return 1
     export PYTHONPATH=/tmp/site:$PWD
   else
     export PYTHONPATH=$PWD

@@ -3,7 +3,7 @@ peers register themselves). It sits above ``stages/`` and ``peers/``, which impo
 helpers but never this, so no import runs in a circle."""
 
 from benchmarks import peers  # noqa: F401  (registration: peer_opennmt)
-from benchmarks.peers import export  # noqa: F401  (registration: ctranslate2)
+from benchmarks.peers import export, gpu_decoding  # noqa: F401  (registration: ctranslate2, decode_vs_ctranslate2)
 from benchmarks.stages import (  # noqa: F401  (registration)
     amp,
     data_scale,

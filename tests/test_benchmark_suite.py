@@ -266,3 +266,24 @@ def test_a_stopped_runner_stops_its_running_stage_and_says_so(tmp_path, signum):
     assert not _alive(stage_pid)
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert {"stage": "long", "status": "interrupted"}.items() <= records[-1].items()
+
+
+def test_cublas_13_is_linked_under_the_names_ctranslate2s_wheel_loads(tmp_path):
+    """CTranslate2's CUDA wheels load libcublas.so.12 and libcublasLt.so.12; on a CUDA 13 machine the
+    decoding stage links the newest cuBLAS it finds under those names (and finds none on a machine
+    without one)."""
+    from benchmarks.peers.gpu_decoding import cublas_links
+
+    lib = tmp_path / "cuda-13" / "lib64"
+    lib.mkdir(parents=True)
+    for name in ("libcublas.so.13", "libcublas.so.13.1.0.3", "libcublasLt.so.13.1.0.3", "libcublas.so"):
+        (lib / name).write_bytes(b"")
+    links = tmp_path / "links"
+    links.mkdir()
+    assert cublas_links(str(links), [str(tmp_path / "cuda-*" / "lib64")]) == str(links)
+    assert sorted(p.name for p in links.iterdir()) == ["libcublas.so.12", "libcublasLt.so.12"]
+    assert os.readlink(links / "libcublas.so.12") == str(lib / "libcublas.so.13.1.0.3")
+    assert os.readlink(links / "libcublasLt.so.12") == str(lib / "libcublasLt.so.13.1.0.3")
+    empty = tmp_path / "none"
+    empty.mkdir()
+    assert cublas_links(str(empty), [str(tmp_path / "nowhere")]) is None
