@@ -39,8 +39,10 @@ def test_an_output_folder_holding_other_files_is_refused(tmp_path):
 
 def test_a_budget_or_size_out_of_range_is_one_line(tmp_path):
     for flag, value, says in (
-        ("--minutes", "0", "must be positive"),
-        ("--minutes", "-5", "must be positive"),
+        ("--minutes", "0", "must be in (0, 10080]"),
+        ("--minutes", "-5", "must be in (0, 10080]"),
+        ("--minutes", "nan", "must be in (0, 10080]"),
+        ("--minutes", "1e9", "must be in (0, 10080]"),
         ("--test_sentences", "-1", "must be 0 (all) or more"),
     ):
         r = run("--data", str(tmp_path), "--out", str(tmp_path / "out"), flag, value)

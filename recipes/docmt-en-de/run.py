@@ -57,6 +57,7 @@ SYSTEMS = [
 DOCUMENT_SYSTEMS = ("g_transformer", "hm_gdc", "k_to_1", "k_to_k")
 CONTRASTIVE_NAMES = {"none": "as given", "remove": "removed", "shuffle": "shuffled"}  # the suite's ablations
 TRAIN_SHARE = 0.62  # of --minutes; the rest is preparation and evaluation
+MAX_MINUTES = 10080  # a week: --minutes beyond it is a mistake
 # --smoke: toy shapes and a few steps (CI runs it on the toy stand-ins of the data sets)
 SMOKE = {
     "vocab": {"size": 300},
@@ -446,11 +447,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--test_sentences", type=int, default=600, help="per domain, whole documents (0: all)")
     p.add_argument("--ablation_sentences", type=int, default=300, help="per domain (0: all)")
     a = p.parse_args(argv)
-    for flag in ("minutes", "test_sentences", "ablation_sentences"):
-        value = getattr(a, flag)
-        if value < 0 or (flag == "minutes" and value == 0):
-            print(f"error: --{flag} {value}: must be {'positive' if flag == 'minutes' else '0 (all) or more'}",
-                  file=sys.stderr)  # fmt: skip
+    if not 0 < a.minutes <= MAX_MINUTES:  # nan and inf included
+        print(f"error: --minutes {a.minutes}: must be in (0, {MAX_MINUTES}]", file=sys.stderr)
+        return 2
+    for flag in ("test_sentences", "ablation_sentences"):
+        if getattr(a, flag) < 0:
+            print(f"error: --{flag} {getattr(a, flag)}: must be 0 (all) or more", file=sys.stderr)
             return 2
     missing = import_toolkit()
     if missing:
