@@ -236,8 +236,18 @@ class FifoReader:
                 self.data.extend(chunk)
 
     def close(self) -> bytes:
+        """Everything written, the bytes still in the pipe included (the writer may have finished
+        between the thread's last look and the stop)."""
         self.stop.set()
         self.thread.join(5)
+        while True:
+            try:
+                chunk = os.read(self.fd, 1 << 16)
+            except BlockingIOError:  # a writer still holds the pipe open and wrote nothing more
+                break
+            if not chunk:  # end of file: every writer closed it
+                break
+            self.data.extend(chunk)
         os.close(self.fd)
         return bytes(self.data)
 
