@@ -461,3 +461,28 @@ def test_analysis_records_entropy_only_when_collecting():
     mean = {k: v / stats[k + "#n"] for k, v in stats.items() if not k.endswith("#n")}
     assert mean["entropy/enc_self_group"] < mean["entropy/enc_self_global"]
     assert 0.0 < mean["gate/enc_self"] < 1.0
+
+
+def test_a_compiled_forward_leaves_its_graph_only_for_host_plans_and_equals_eager():
+    """``train.compile`` on the fused (GPU) path: torch.compile traces the G-Transformer's forward in
+    pieces split only where the host plans the group attention (``self_plan``, ``cross_plan``), and
+    the traced forward and backward compute what the eager ones do (the GPU spec's compiled run and
+    a user's ``train.compile: on`` would otherwise fail, or silently split, only on a GPU)."""
+    from onmt_doc import devices
+
+    model, _ = random_model(G, seed=3)
+    batch = doc_batch()
+    with devices.forced_path("fused"):
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(model)(batch)
+        reasons = [r.reason for r in explained.break_reasons]
+        assert reasons and all("function self_plan" in r or "function cross_plan" in r for r in reasons), reasons
+        params = list(model.parameters())
+        expected = model(batch).logits
+        want = torch.autograd.grad(expected.square().sum(), params, allow_unused=True)
+        torch._dynamo.reset()
+        got = torch.compile(model, backend="aot_eager", dynamic=True)(batch).logits
+        grads = torch.autograd.grad(got.square().sum(), params, allow_unused=True)
+    assert torch.allclose(got, expected, atol=1e-5)
+    for a, b in zip(want, grads):
+        assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, atol=1e-5))
