@@ -42,7 +42,14 @@ def check_count(value: int, name: str, per_core: int = PER_CORE) -> int:
 def pick_device(spec: str, local_rank: int = 0, key: str = "train.device") -> "torch.device":
     """``auto`` (the local rank's GPU if CUDA is available, else CPU), ``cpu``, ``cuda`` (the local
     rank's GPU) or ``cuda:N``; raises ConfigError at ``key`` for unavailable or invalid devices."""
-    device = _parse(spec, local_rank, key)
+    return configure(_parse(spec, local_rank, key))
+
+
+def configure(device: "torch.device") -> "torch.device":
+    """``device`` after the process-wide settings it needs (CUDA: :func:`avoid_cudnn_attention`).
+    Every entry point that picks a device (:func:`pick_device`) or is handed one (``Translator.load``
+    with a ``torch.device``, the benchmark stages) calls it, so no way in runs CUDA with cuDNN
+    attention's per-shape plans."""
     if device.type == "cuda":
         avoid_cudnn_attention()
     return device

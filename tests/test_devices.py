@@ -36,3 +36,15 @@ def test_unknown_devices_are_one_line_errors():
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="-device: cuda:1 requested but CUDA is not available"):
             pick_device("cuda:1", key="-device")
+
+
+def test_a_cuda_device_handed_to_the_api_turns_cudnn_attention_off_too(cudnn_attention_flag, tmp_path):
+    """``Translator.load`` takes a ``torch.device`` as well as a name; a CUDA one gets the same
+    process-wide settings as a named one (it kept cuDNN attention on, the slow path, before). The
+    device is configured before the checkpoint is read, so a missing file shows it on a CPU machine."""
+    from onmt_doc import Translator
+    from onmt_doc.errors import UserError
+
+    with pytest.raises(UserError):
+        Translator.load(str(tmp_path / "missing.pt"), torch.device("cuda", 0))
+    assert not torch.backends.cuda.cudnn_sdp_enabled()

@@ -243,6 +243,12 @@ def run_stage(spec: Spec, name: str, out: str, smoke: bool, data: str, device: s
     if st is None:
         raise SystemExit(f"error: {spec.path} has no stage '{name}'; it has {[s.name for s in spec.stages]}")
     device = resolve_device(device if device != "spec" else spec.device)
+    if device == "cuda":  # what every command of the library does on CUDA (stages build models directly)
+        import torch
+
+        from onmt_doc.devices import configure
+
+        configure(torch.device(device))
     claim_run_folder(out)
     clear_stage_folder(os.path.join(out, st.name))
     ctx = StageContext(

@@ -194,7 +194,7 @@ class Translator:
         name the options (the command line passes its flags). ``engine``: ``torch`` (onmt_doc's own
         search over a checkpoint) or ``ctranslate2``: ``checkpoint`` is then the folder
         ``onmt_doc_release`` wrote (``translate/ctranslate2_engine.py``)."""
-        from onmt_doc.devices import pick_device
+        from onmt_doc.devices import configure, pick_device
 
         engine_flag = (option_names or {}).get("engine", "engine")
         engine_class = registry_for("engine").get(str(engine), engine_flag).cls  # before the (slow) load
@@ -206,7 +206,9 @@ class Translator:
                 raise ConfigError(f"unknown translate option '{key}'{closest(key, known)}")
         paths = [checkpoint] if isinstance(checkpoint, (str, os.PathLike)) else list(checkpoint)
         dev = (
-            pick_device(device, key=(option_names or {}).get("device", "device")) if isinstance(device, str) else device
+            pick_device(device, key=(option_names or {}).get("device", "device"))
+            if isinstance(device, str)
+            else configure(torch.device(device))
         )
         return engine_class.load_paths([os.fspath(p) for p in paths], dev, option_names or {}, **options)
 
