@@ -28,6 +28,8 @@ class StepOpsParams:
     vocab: int = 1000
     batch_tokens: int = 2048
     amp: str = "fp32"  # bf16 on CUDA (the flash kernel's types)
+    decode_sentences: int = 16  # beam search over this many random sentences (whole documents); 0: none
+    beam: int = 4
 
 
 @stage("step_ops", StepOpsParams)
@@ -41,7 +43,8 @@ def step_ops(p: StepOpsParams, ctx: StageContext) -> None:
     from onmt_doc.train.host_syncs import OpCounter
 
     shape = ModelSpeedParams(models=p.models, d_model=p.d_model, layers=p.layers, heads=p.heads, ff=p.ff,
-                             vocab=p.vocab, batch_tokens=p.batch_tokens, warmup_steps=1, train_steps=1)  # fmt: skip
+                             vocab=p.vocab, batch_tokens=p.batch_tokens, warmup_steps=1, train_steps=1,
+                             decode_sentences=p.decode_sentences)  # fmt: skip
     data = SpeedData(shape, ctx)
     for name in p.models:
         model, cfg = build(name, shape, data.codec)
@@ -58,12 +61,63 @@ def step_ops(p: StepOpsParams, ctx: StageContext) -> None:
                        "sync_ops": dict(ops.sync_ops), "target_tokens": batches[1].n_tgt_tokens}  # fmt: skip
                 if path == "fused":
                     row["compiled_graphs"] = _compiled_graphs(model, batches[1])
+                if p.decode_sentences:
+                    row.update(_decode_counts(model, data, p, OpCounter))
+                    model.train()
                 if ctx.device == "cuda":
                     row.update(_cuda_counts(step, batches[1]))
             ctx.record(**row)
         del model, step
         if ctx.device == "cuda":
             torch.cuda.empty_cache()
+
+
+def _decode_counts(model, data, p: StepOpsParams, counter) -> dict:
+    """Operators and host syncs per decoding step of a beam search (issue 40's item 3: a step of the
+    search should wait for the GPU as little as a training step does), outputs forced to the source
+    length as ``model_speed`` forces them; steps are the model's ``step`` calls."""
+    import torch
+
+    from benchmarks.stages.speed import END_PENALTY
+    from onmt_doc.data.vocab import EOS_ID, EOS_SENT_ID
+    from onmt_doc.translate.search import BeamSearch
+
+    docs, kept = [], 0
+    for doc in data.decode_docs:  # whole documents, up to decode_sentences sentences
+        if kept >= p.decode_sentences:
+            break
+        docs.append(doc)
+        kept += len(doc)
+    batch = data.instance_batch(model.unit, docs).to(next(model.parameters()).device)
+    model.eval()
+    bias = getattr(getattr(model, "generator", None), "bias", None)
+    if bias is not None:
+        with torch.no_grad():
+            bias[[EOS_SENT_ID, EOS_ID]] -= END_PENALTY
+    steps, step = [0], model.step
+
+    def counted(*args, **kwargs):
+        steps[0] += 1
+        return step(*args, **kwargs)
+
+    model.step = counted  # an instance attribute over the method, removed below
+    search = BeamSearch(beam=p.beam, max_len_ratio=1.0, max_len_add=0)
+    try:
+        search.search(model, batch)  # lazy state outside the count
+        steps[0] = 0
+        with counter() as ops:
+            search.search(model, batch)
+        n = max(steps[0], 1)
+        cuda = {}
+        if batch.src.device.type == "cuda":  # what the CPU count cannot see: .tolist() of a device tensor
+            cuda["decode_cuda_syncs_per_step"] = round(_cuda_syncs(lambda: search.search(model, batch)) / n, 2)
+    finally:
+        del model.step
+        if bias is not None:
+            with torch.no_grad():
+                bias[[EOS_SENT_ID, EOS_ID]] += END_PENALTY
+    counts = {"decode_ops_per_step": round(ops.total / n, 1), "decode_syncs_per_step": round(ops.syncs / n, 2)}
+    return {"decode_steps": steps[0], **counts, "decode_sync_ops": dict(ops.sync_ops), **cuda}
 
 
 def _compiled_graphs(model, batch) -> int:
@@ -83,15 +137,21 @@ def _cuda_counts(step, batch) -> dict:
         step(batch)
         torch.cuda.synchronize()
     launches = sum(e.count for e in prof.key_averages() if "LaunchKernel" in e.key)
+    return {"cuda_launches": launches, "cuda_syncs": _cuda_syncs(lambda: step(batch))}
+
+
+def _cuda_syncs(fn) -> int:
+    """The host synchronisations torch's sync debug mode reports while ``fn()`` runs."""
+    import torch
+
     torch.cuda.set_sync_debug_mode("warn")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            step(batch)
+            fn()
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    syncs = sum(1 for w in caught if "synchroniz" in str(w.message).lower())
-    return {"cuda_launches": launches, "cuda_syncs": syncs}
+    return sum(1 for w in caught if "synchroniz" in str(w.message).lower())
 
 
 class _nothing:
