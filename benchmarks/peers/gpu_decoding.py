@@ -23,9 +23,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from benchmarks.stages.speed import END_PENALTY, ModelSpeedParams, build, placeholder_codec
+from benchmarks.stages.speed import ModelSpeedParams, build, placeholder_codec, shift_ends
 from benchmarks.suite.stage import StageContext, stage
 from benchmarks.suite.system import REPO
+from benchmarks.suite.text_files import read_lines, write_lines
 
 WORKER = "benchmarks.peers.gpu_decoding"
 
@@ -84,19 +85,16 @@ def decode_vs_ctranslate2(p: DecodeVsCt2Params, ctx: StageContext) -> None:
 def write_model(p: DecodeVsCt2Params, ctx: StageContext) -> tuple[str, str]:
     """The random Transformer as an onmt_doc checkpoint (ends lowered: outputs run to the cap) and its
     CTranslate2 export (float32 weights; each translator converts to its dtype when loading)."""
-    import torch
 
     from benchmarks.peers.export import export
     from onmt_doc.config.loading import config_to_dict
-    from onmt_doc.data.vocab import EOS_ID, EOS_SENT_ID
     from onmt_doc.models.checkpoint import save_checkpoint
 
     shape = ModelSpeedParams(models=["transformer"], d_model=p.d_model, layers=p.layers, heads=p.heads, ff=p.ff,
                              vocab=p.vocab, seed=p.seed)  # fmt: skip
     codec = placeholder_codec(p.vocab)
     model, cfg = build("transformer", shape, codec)
-    with torch.no_grad():
-        model.generator.bias[[EOS_SENT_ID, EOS_ID]] -= END_PENALTY
+    shift_ends(model)
     ckpt = os.path.join(ctx.work_dir(), "model.pt")
     save_checkpoint(
         {"config": config_to_dict(cfg), "codec": codec.to_dict(), "model": model.state_dict(), "step": 0}, ckpt
@@ -111,15 +109,12 @@ def write_sources(p: DecodeVsCt2Params, path: str) -> None:
     import random
 
     rng = random.Random(p.seed)
-    with open(path, "w", encoding="utf-8") as f:
-        for _ in range(p.sentences):
-            f.write(" ".join(f"w{rng.randrange(p.vocab)}" for _ in range(p.words)) + "\n")
+    write_lines(path, [" ".join(f"w{rng.randrange(p.vocab)}" for _ in range(p.words)) for _ in range(p.sentences)])
 
 
 def identical(a: str, b: str) -> int:
     """Lines the two files share, position by position."""
-    with open(a, encoding="utf-8") as fa, open(b, encoding="utf-8") as fb:
-        return sum(x == y for x, y in zip(fa, fb))
+    return sum(x == y for x, y in zip(read_lines(a), read_lines(b)))
 
 
 def run_worker(

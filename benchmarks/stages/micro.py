@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from benchmarks.stages.speed import END_PENALTY, ModelSpeedParams, build, placeholder_codec, rotate
+from benchmarks.stages.speed import ModelSpeedParams, build, placeholder_codec, rotate, shift_ends
 from benchmarks.suite.stage import StageContext, stage
 
 
@@ -225,8 +225,6 @@ def translation_model(p: MicroParams, ctx: StageContext, src: list[str]) -> tupl
     import numpy as np
     import torch
 
-    from onmt_doc.data.vocab import EOS_ID, EOS_SENT_ID
-
     if p.checkpoint:
         from onmt_doc.models.checkpoint import load_model
 
@@ -236,8 +234,7 @@ def translation_model(p: MicroParams, ctx: StageContext, src: list[str]) -> tupl
     codec = placeholder_codec(shape.vocab)
     model, cfg = build("transformer", shape, codec)
     model = model.to(ctx.device).eval()
-    with torch.no_grad():
-        model.generator.bias[[EOS_SENT_ID, EOS_ID]] -= END_PENALTY
+    shift_ends(model)
     rng = np.random.default_rng(shape.seed)
     src = [" ".join(f"w{i}" for i in rng.integers(0, shape.vocab, max(len(s.split()), 1))) for s in src]
     return model, cfg, codec, src, True

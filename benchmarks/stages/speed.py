@@ -36,6 +36,24 @@ REFERENCE = "transformer"
 BASE_LAYERS = 6  # the config examples' Transformer depth; depth-like keys are scaled by layers / 6
 DEPTH_KEYS = ("layers", "global_layers", "global_cross_layers", "doc_layers")
 END_PENALTY = 30.0  # subtracted from the </s> and <eos> output biases before decoding (forced length)
+
+
+def shift_ends(model: Any, by: float = -END_PENALTY) -> bool:
+    """Add ``by`` to the model's ``</s>`` and ``<eos>`` output biases: lowered (the default), a model
+    with random weights decodes every hypothesis to its length cap, the same steps on every model
+    and engine. False for a model without an output bias (nothing changed)."""
+    import torch
+
+    from onmt_doc.data.vocab import EOS_ID, EOS_SENT_ID
+
+    bias = getattr(getattr(model, "generator", None), "bias", None)
+    if bias is None:
+        return False
+    with torch.no_grad():
+        bias[[EOS_SENT_ID, EOS_ID]] += by
+    return True
+
+
 # (training, decoding) speed vs the Transformer as the papers report them (WMT, trained models, GPUs):
 # MHPLSTM Xu et al., table 2; the Reformers Li et al. 2020, table 3 (decoding only)
 PAPER = {"mhplstm": (1.16, 1.69), "reformer_base": (None, 0.47), "reformer_fast": (None, 0.73)}
@@ -402,19 +420,14 @@ def _step_fn(model, cfg, device: str, amp: str, scope: Callable = lambda name, f
 def decode_slice(run: Run, built: dict, data: SpeedData, p: ModelSpeedParams, ctx: StageContext) -> dict:
     """One timed beam-search pass over the decoding documents, in batches of whole documents, outputs
     forced to the source length (set up, with one warm-up batch, at the first)."""
-    import torch
 
-    from onmt_doc.data.vocab import EOS_ID, EOS_SENT_ID
     from onmt_doc.translate.search import BeamSearch
 
     model, device, amp, docs = built[run.model][0], ctx.device, run.amp, data.decode_docs
     model.eval()
     if run.decode_pass is None:
-        bias = getattr(getattr(model, "generator", None), "bias", None)
-        if bias is not None and not getattr(model, "_end_lowered", False):  # once per model
-            with torch.no_grad():
-                bias[[EOS_SENT_ID, EOS_ID]] -= END_PENALTY
-            model._end_lowered = True
+        if not getattr(model, "_end_lowered", False):  # once per model
+            model._end_lowered = shift_ends(model)
         groups, current = [], []
         for doc in docs:  # about decode_batch sentences each
             current.append(doc)

@@ -76,10 +76,8 @@ def _decode_counts(model, data, p: StepOpsParams, counter) -> dict:
     """Operators and host syncs per decoding step of a beam search (issue 40's item 3: a step of the
     search should wait for the GPU as little as a training step does), outputs forced to the source
     length as ``model_speed`` forces them; steps are the model's ``step`` calls."""
-    import torch
 
-    from benchmarks.stages.speed import END_PENALTY
-    from onmt_doc.data.vocab import EOS_ID, EOS_SENT_ID
+    from benchmarks.stages.speed import END_PENALTY, shift_ends
     from onmt_doc.translate.search import BeamSearch
 
     docs, kept = [], 0
@@ -90,10 +88,7 @@ def _decode_counts(model, data, p: StepOpsParams, counter) -> dict:
         kept += len(doc)
     batch = data.instance_batch(model.unit, docs).to(next(model.parameters()).device)
     model.eval()
-    bias = getattr(getattr(model, "generator", None), "bias", None)
-    if bias is not None:
-        with torch.no_grad():
-            bias[[EOS_SENT_ID, EOS_ID]] -= END_PENALTY
+    lowered = shift_ends(model)
     steps, step = [0], model.step
 
     def counted(*args, **kwargs):
@@ -113,9 +108,8 @@ def _decode_counts(model, data, p: StepOpsParams, counter) -> dict:
             cuda["decode_cuda_syncs_per_step"] = round(_cuda_syncs(lambda: search.search(model, batch)) / n, 2)
     finally:
         del model.step
-        if bias is not None:
-            with torch.no_grad():
-                bias[[EOS_SENT_ID, EOS_ID]] += END_PENALTY
+        if lowered:
+            shift_ends(model, END_PENALTY)
     counts = {"decode_ops_per_step": round(ops.total / n, 1), "decode_syncs_per_step": round(ops.syncs / n, 2)}
     return {"decode_steps": steps[0], **counts, "decode_sync_ops": dict(ops.sync_ops), **cuda}
 
