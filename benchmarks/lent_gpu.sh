@@ -50,7 +50,8 @@ run() {
     [ -e "$w" ] && [ -z "${seen[${w##*/}]:-}" ] && seen[${w##*/}]=1 && carried+=("$w")
   done
   if ! python3 -c "import pyonmttok, torch_optimizer" 2>/dev/null && [ ${#carried[@]} -gt 0 ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "${carried[@]}" || return 1
+    # --upgrade: a warm machine keeps /tmp/site from an earlier call, whose packages pip would not replace
+    python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site "${carried[@]}" || return 1
     export PYTHONPATH=/tmp/site:$PWD
   else
     export PYTHONPATH=$PWD
