@@ -338,3 +338,78 @@ def test_the_self_attention_caches_are_allocated_once_per_search():
         storages.append((k.untyped_storage().data_ptr(), v.untyped_storage().data_ptr(), k.size(2)))
     assert len(set(storages)) == 1  # one allocation, at the first step
     assert storages[0][2] >= 9 + 5 + 1  # room for the longest source's output and <bos>
+
+
+# ------------------------------------------------------------------------------ reading the device every k steps
+def _outputs(hyps):
+    return [[(h.tokens, h.score, h.log_prob) for h in row] for row in hyps]
+
+
+def assert_same_hypotheses(got, expected):
+    """The same tokens, and scores equal to float32 rounding (a batch that holds other rows may
+    round a row's sums differently: the packed path buckets rows by length)."""
+    assert [[h[0] for h in row] for row in got] == [[h[0] for h in row] for row in expected]
+    numbers = [[h[1:] for h in row] for row in got], [[h[1:] for h in row] for row in expected]
+    assert np.allclose(*(np.array([x for row in side for h in row for x in h]) for side in numbers), rtol=1e-6)
+
+
+READ_CASES = {**ALONE_CASES, "hm_gdc": CASES["hm_gdc"]}
+
+
+@pytest.mark.parametrize("name", READ_CASES)
+@pytest.mark.parametrize("n_best", [1, 2])
+def test_reading_the_device_every_k_steps_changes_no_output(name, n_best, device):
+    """``translate.read_every`` k > 1 keeps finished sentences in the batch, masked, and collects
+    ended candidates k steps late: every decoder gives the same hypotheses, scores and
+    log-probabilities as reading every step, and waits for the device less often."""
+    section, make_batch = READ_CASES[name]
+    model, _ = random_model(section, seed=4, device=device)
+    batch = make_batch().to(device)
+    searches = {k: BeamSearch(beam=3, n_best=n_best, penalty=AveragePenalty(), max_len_ratio=1.5, max_len_add=3,
+                              read_every=k) for k in (1, 2, 5, 64)}  # fmt: skip
+    outputs = {k: _outputs(s.search(model, batch)) for k, s in searches.items()}
+    for k in (2, 5, 64):
+        assert_same_hypotheses(outputs[k], outputs[1])
+    assert len({len(row[0][0]) for row in outputs[1]}) > 2  # sentences finish at different steps
+    reads = {k: s.device_reads for k, s in searches.items()}
+    assert reads[64] < reads[5] < reads[1]
+
+
+def test_reading_late_keeps_forced_prefixes_and_greedy_exact(device):
+    """The late reads with a forced target prefix (its log-probability is subtracted at collection,
+    after the prefix's rows may have moved) and with greedy search (one row per sentence)."""
+    model = ending_model(seed=7, bias=2.0, device=device)
+    batch = random_batch(SIZES * 2, seed=6).to(device)
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(0, 4, batch.size)
+    words = [rng.integers(len(SPECIALS), len(SPECIALS) + N_WORDS, int(n)).tolist() for n in lengths]
+    prefix = torch.full((batch.size, 5), PAD_ID, dtype=torch.long)
+    for i, w in enumerate(words):
+        prefix[i, : len(w) + 1] = torch.tensor([SPECIALS.index("<s>"), *w])
+    prefix = prefix.to(device)
+    for make in (lambda k: BeamSearch(beam=4, n_best=3, max_len_ratio=1.0, max_len_add=6, read_every=k),
+                 lambda k: GreedySearch(max_len_ratio=1.0, max_len_add=6, read_every=k)):  # fmt: skip
+        every_step = _outputs(make(1).search(model, batch, prefix=prefix))
+        assert_same_hypotheses(_outputs(make(3).search(model, batch, prefix=prefix)), every_step)
+        assert_same_hypotheses(_outputs(make(8).search(model, batch)), _outputs(make(1).search(model, batch)))
+        assert all(row[0][0][: len(w) + 1] == [SPECIALS.index("<s>"), *w] for row, w in zip(every_step, words))
+
+
+def test_read_every_defaults_per_device_and_sampling_reads_every_step():
+    """0 = every step on the packed (CPU) path, FUSED_READ_EVERY on the fused (GPU) path; sampling
+    always reads every step (a finished row left in the batch would draw and change later draws),
+    and asking it for more is a config error, not a silently ignored key."""
+    from onmt_doc import devices
+    from onmt_doc.translate.search import FUSED_READ_EVERY, SamplingSearch
+
+    cpu = torch.device("cpu")
+    assert BeamSearch().read_interval(cpu) == 1 and BeamSearch(read_every=4).read_interval(cpu) == 4
+    with devices.forced_path("fused"):
+        assert BeamSearch().read_interval(cpu) == FUSED_READ_EVERY > 1
+        assert SamplingSearch().read_interval(cpu) == 1
+    assert build_search(TranslateConfig(read_every=6)).read_interval(cpu) == 6
+    with pytest.raises(ConfigError, match="read_every"):
+        config_from_dict({"translate": {"strategy": "sampling", "read_every": 4}})
+    with pytest.raises(ConfigError, match="read_every"):
+        config_from_dict({"translate": {"read_every": 65}})
+    assert _parser().parse_args(["-model", "m.pt", "-src", "-", "-read_every", "4"]).read_every == 4

@@ -44,6 +44,9 @@ class DecodeVsCt2Params:
     beam: int = 4
     torch_dtypes: list = field(default_factory=lambda: ["float16", "bfloat16"])  # onmt_doc's Translator dtype
     ct2_dtypes: list = field(default_factory=lambda: ["float16", "bfloat16"])  # CTranslate2's, by the same option
+    # extra onmt_doc runs at the first torch dtype with these translate.read_every values (the rows above
+    # use the default: 8 steps between the search's device reads on a GPU); 1 = read every step
+    read_every: list = field(default_factory=lambda: [1])
     rounds: int = 3  # timed passes per translator (the best is kept), after one warm-up pass
     seed: int = 1
 
@@ -63,13 +66,15 @@ def decode_vs_ctranslate2(p: DecodeVsCt2Params, ctx: StageContext) -> None:
     outputs: dict[str, str] = {}
     # the engines of one dtype one after the other, the first dtypes first: a stage cut short by its
     # budget still has a pair to compare
-    runs = [(e, d) for d in dict.fromkeys(p.torch_dtypes + p.ct2_dtypes) for e, ds in
+    runs = [(e, d, 0) for d in dict.fromkeys(p.torch_dtypes + p.ct2_dtypes) for e, ds in
             (("torch", p.torch_dtypes), ("ctranslate2", p.ct2_dtypes)) if d in ds]  # fmt: skip
-    for i, (engine, dtype) in enumerate(runs):
-        name = f"{'onmt_doc' if engine == 'torch' else 'CTranslate2'} {dtype}"
-        hyp = os.path.join(ctx.work_dir(), f"{engine}_{dtype}.hyp")
+    runs += [("torch", p.torch_dtypes[0], k) for k in p.read_every if p.torch_dtypes]
+    for i, (engine, dtype, every) in enumerate(runs):
+        name = f"{'onmt_doc' if engine == 'torch' else 'CTranslate2'} {dtype}{f' read_every {every}' if every else ''}"
+        hyp = os.path.join(ctx.work_dir(), f"{engine}_{dtype}_{every}.hyp")
         share = ctx.seconds_left() / (len(runs) - i)  # of the time left, so a slow one cannot take it all
-        row = run_worker(p, ctx, engine, ckpt if engine == "torch" else export_dir, dtype, sources, hyp, share)
+        model = ckpt if engine == "torch" else export_dir
+        row = run_worker(p, ctx, engine, model, dtype, sources, hyp, share, every)
         if "sent_per_s" in row:
             rates[name], outputs[name] = row["sent_per_s"], hyp
             twin = outputs.get(f"onmt_doc {dtype}")
@@ -118,13 +123,22 @@ def identical(a: str, b: str) -> int:
 
 
 def run_worker(
-    p: DecodeVsCt2Params, ctx: StageContext, engine: str, model: str, dtype: str, src: str, hyp: str, seconds: float
+    p: DecodeVsCt2Params,
+    ctx: StageContext,
+    engine: str,
+    model: str,
+    dtype: str,
+    src: str,
+    hyp: str,
+    seconds: float,
+    read_every: int = 0,
 ) -> dict:
     """One translator in its own process (:func:`main`) within ``seconds``; for CTranslate2 on CUDA a
-    second try with cuBLAS 13 linked under the names its wheel asks for, where the first fails on them."""
+    second try with cuBLAS 13 linked under the names its wheel asks for, where the first fails on them.
+    ``read_every``: onmt_doc's ``translate.read_every`` (0: its default)."""
     t0 = time.time()
     args = {"engine": engine, "model": model, "dtype": dtype, "device": ctx.device, "src": src, "hyp": hyp,
-            "beam": p.beam, "batch": p.batch, "rounds": p.rounds}  # fmt: skip
+            "beam": p.beam, "batch": p.batch, "rounds": p.rounds, "read_every": read_every}  # fmt: skip
     env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
     row = _worker(args, env, seconds)
     if engine == "ctranslate2" and "libcublas" in row.get("error", ""):
@@ -180,6 +194,8 @@ def main(args: dict) -> dict:
     with open(args["src"], encoding="utf-8") as f:
         docs = [[line.rstrip("\n")] for line in f]
     options = {"dtype": args["dtype"], "beam": args["beam"], "batch_sentences": args["batch"], "batch_tokens": 10**6}
+    if args.get("read_every"):
+        options["read_every"] = args["read_every"]
     tr = Translator.load(args["model"], device, engine=args["engine"], max_len_ratio=1.0, max_len_add=0, **options)
     out = tr.translate(docs[: args["batch"]])  # warm-up: CUDA context, kernels, allocator
     best = float("inf")

@@ -99,10 +99,11 @@ def _decode_counts(model, data, p: StepOpsParams, counter) -> dict:
     search = BeamSearch(beam=p.beam, max_len_ratio=1.0, max_len_add=0)
     try:
         search.search(model, batch)  # lazy state outside the count
-        steps[0] = 0
+        steps[0] = search.device_reads = 0
         with counter() as ops:
             search.search(model, batch)
         n = max(steps[0], 1)
+        reads = search.device_reads
         cuda = {}
         if batch.src.device.type == "cuda":  # what the CPU count cannot see: .tolist() of a device tensor
             cuda["decode_cuda_syncs_per_step"] = round(_cuda_syncs(lambda: search.search(model, batch)) / n, 2)
@@ -110,7 +111,8 @@ def _decode_counts(model, data, p: StepOpsParams, counter) -> dict:
         del model.step
         if lowered:
             shift_ends(model, END_PENALTY)
-    counts = {"decode_ops_per_step": round(ops.total / n, 1), "decode_syncs_per_step": round(ops.syncs / n, 2)}
+    counts = {"decode_ops_per_step": round(ops.total / n, 1), "decode_syncs_per_step": round(ops.syncs / n, 2),
+              "decode_reads_per_step": round(reads / n, 2)}  # fmt: skip
     return {"decode_steps": steps[0], **counts, "decode_sync_ops": dict(ops.sync_ops), **cuda}
 
 

@@ -121,6 +121,9 @@ def _parser() -> ArgumentParser:
     p.add_argument("-top_k", "--top_k", type=int, help="sampling: draw from the k most likely tokens (0 = all)")
     p.add_argument("-top_p", "--top_p", type=float, help="sampling: draw from the smallest set of mass p (nucleus)")
     p.add_argument("-seed", "--seed", type=int, help="sampling: random seed")
+    p.add_argument(
+        "-read_every", "--read_every", type=int, help="beam search: steps between device reads (0 = per device)"
+    )
     p.add_argument("-device", "--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("-threads", "--threads", type=int, default=0, help="CPU threads (0 = all cores)")
     return p
@@ -146,6 +149,7 @@ OPTION_FLAGS = {
     "top_k": "top_k",
     "top_p": "top_p",
     "seed": "seed",
+    "read_every": "read_every",
 }
 
 

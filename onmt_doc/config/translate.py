@@ -13,6 +13,9 @@ from typing import Literal, Optional
 from onmt_doc.config.options import MAX_BEAM, RootConfig, check_bounds, option
 from onmt_doc.errors import ConfigError
 
+# translate.read_every's bound: finished rows ride along for at most this many steps
+MAX_READ_EVERY = 64
+
 
 @dataclass
 class TranslateConfig:
@@ -137,6 +140,16 @@ class TranslateConfig:
         "sampling: seed of the search's own random generator, so a run repeats exactly (with the same batches) "
         "and torch's global generator is left alone; flag `-seed`",
     )
+    read_every: int = option(
+        0,
+        "beam search: steps between the search's reads of the device (did a hypothesis end, a sentence "
+        "finish, may the beam narrow); between reads finished sentences stay in the batch, masked, so the "
+        "output is the same and a GPU queues steps ahead instead of waiting for each; 0 = per device: 1 on a "
+        "CPU (dropping finished rows at once is what pays there), 8 on a GPU; sampling reads every step; at "
+        f"most {MAX_READ_EVERY}; flag `-read_every`",
+        minimum=0,
+        maximum=MAX_READ_EVERY,
+    )
 
     def validate(self, path: str, root: Optional[RootConfig]) -> None:
         """The n best hypotheses come from the beam, so there are at most beam of them (samples are
@@ -145,3 +158,7 @@ class TranslateConfig:
         check_bounds(self, path)
         if self.strategy == "beam" and self.n_best > self.beam:
             raise ConfigError(f"{path}.n_best ({self.n_best}) cannot exceed {path}.beam ({self.beam})")
+        if self.strategy == "sampling" and self.read_every > 1:
+            raise ConfigError(
+                f"{path}.read_every ({self.read_every}) is for beam search: sampling reads the device every step"
+            )

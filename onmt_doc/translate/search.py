@@ -21,6 +21,14 @@ collected), when it reaches its length cap, or when nothing may follow; its rows
 decoding state. Sentences start one row wide and widen only once they have more than one live
 candidate, so the first step (every beam would be the same ``<bos>`` prefix) and forced steps
 (``<s>`` after ``<bos>``) run on one row per sentence.
+
+Reading the device (``translate.read_every``): whether a hypothesis ended, a sentence finished or
+the beam may narrow is known on the device; the loop reads it on the host once every
+``read_every`` steps (0 = 1 on the packed path, a CPU's, and :data:`FUSED_READ_EVERY` on the fused
+path, a GPU's). Between reads a finished sentence stays in the batch, masked (it collects nothing
+more), ended candidates wait on the device, and the beam keeps its width, so a GPU queues several
+steps ahead instead of waiting for each one; the output is the same, at the cost of a few steps of
+finished rows. On a CPU a read costs nothing and dropping finished rows at once is the saving.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from onmt_doc import devices
 from onmt_doc.config.translate import TranslateConfig
 from onmt_doc.contracts import Batch, LengthLimit
 from onmt_doc.data.vocab import BOS_ID, EOS_ID, PAD_ID
@@ -64,11 +73,28 @@ class Choice:
     narrow: Optional[torch.Tensor] = None
 
 
+@dataclass
+class _Ended:
+    """One step's candidates that end in ``<eos>``, kept on the device until the loop next reads it
+    (the tensors are that step's: the loop replaces, never modifies, them)."""
+
+    t: int
+    alive: torch.Tensor  # [b] batch row of each sentence
+    width: int
+    ends: torch.Tensor  # [b, c] the candidates that finish (sentences already done masked out)
+    choice: Choice
+    seqs: torch.Tensor  # [b·width, t+1] the live rows' tokens before this step's
+
+
+# steps between the loop's device reads on the fused (GPU) path when ``translate.read_every`` is 0
+FUSED_READ_EVERY = 8
+
+
 def fill_holes(done: torch.Tensor) -> torch.Tensor:
     """The batch positions of the sentences that go on, in their new order: each keeps its place
     unless it lies past the new end, in which case it moves into the place of a finished sentence.
     Pruning then moves as few rows as possible (states rewrite their ``owned_fields`` in place).
-    Planned on the host from one read of ``done``."""
+    Planned on the host from one read of ``done`` (numpy's array of it)."""
     flags = done.cpu().numpy()
     n = int((~flags).sum())
     order = np.arange(n)
@@ -81,13 +107,23 @@ def fill_holes(done: torch.Tensor) -> torch.Tensor:
 SEARCHES = REGISTRY = Registry("search")
 
 
-def _limits(opt: TranslateConfig) -> dict:
-    """The length-cap arguments every strategy takes from the ``translate`` section."""
-    return dict(max_len_ratio=opt.max_len_ratio, max_len_add=opt.max_len_add, max_length=opt.max_length)
+def _loop_options(opt: TranslateConfig) -> dict:
+    """The arguments of the shared loop (length caps, device reads) every strategy takes from the
+    ``translate`` section."""
+    return dict(
+        max_len_ratio=opt.max_len_ratio,
+        max_len_add=opt.max_len_add,
+        max_length=opt.max_length,
+        read_every=opt.read_every,
+    )
 
 
 class Search(ABC):
     """The decoding loop; subclasses choose each step's continuations (:meth:`select`)."""
+
+    # a strategy whose choices depend on the rows in the batch (sampling's draws) reads every step,
+    # so that finished rows kept for a few steps change nothing
+    reads_every_step = False
 
     def __init__(
         self,
@@ -96,9 +132,25 @@ class Search(ABC):
         max_len_ratio: float = 1.5,
         max_len_add: int = 10,
         max_length: int = 250,
+        read_every: int = 0,
     ):
         self.n_best, self.penalty = n_best, penalty
         self.limit = LengthLimit(max_len_ratio, max_len_add, max_length)
+        self.read_every = read_every
+        self.device_reads = 0  # times the loop has waited for the device (a statistic for benchmarks)
+
+    def read_interval(self, device: torch.device) -> int:
+        """Steps between the loop's device reads (``translate.read_every``; 0: per kernel path)."""
+        if self.reads_every_step:
+            return 1
+        if self.read_every:
+            return self.read_every
+        return FUSED_READ_EVERY if devices.fused(device) else 1
+
+    def _read(self, x: torch.Tensor) -> list:
+        """``x`` on the host: the loop waits for the device here, and only here."""
+        self.device_reads += 1
+        return x.tolist()
 
     @classmethod
     @abstractmethod
@@ -127,12 +179,17 @@ class Search(ABC):
         state = model.init_state(model.encode(batch), batch, self.limit)  # one row per sentence: width 1
         caps = model.decoder.max_output_lengths(batch, self.limit).to(device)
         rules = search_rules(model.unit, batch, caps, prefix, markup)
+        every = self.read_interval(device)
+        # every sentence is at its cap by this step: the loop reads then, whatever the interval
+        last = self._read(rules.cap.caps.max()) if every > 1 else 0
         alive = torch.arange(n, device=device)  # original row of each alive sentence
         width = 1  # rows per alive sentence
         scores = torch.zeros(n, 1, device=device)
         seqs = torch.full((n, 1), BOS_ID, dtype=torch.long, device=device)
         finished: list[list[Hypothesis]] = [[] for _ in range(n)]
         n_finished = torch.zeros(n, dtype=torch.long, device=device)  # len(finished[i]), kept on the device
+        gone = torch.zeros(n, dtype=torch.bool, device=device)  # alive sentences done, dropped at the next read
+        pending: list[_Ended] = []  # steps whose ended candidates are not collected yet
         given = _Given(prefix, n, device)
         t = 0
         while alive.numel():
@@ -141,26 +198,32 @@ class Search(ABC):
             step = Step(t, seqs[:, -1], alive.repeat_interleave(width))  # origin: the batch row of each live row
             log_probs = rules.apply(model.decoder.constrain(log_probs, state), step)
             choice = self.select(scores, log_probs.view(b, width, -1))
-            n_done = n_finished[alive] + choice.ends.sum(1)  # with this step's finished candidates
+            ends = choice.ends & ~gone[:, None]  # a sentence already done finishes nothing more
+            n_done = n_finished[alive] + ends.sum(1)  # with this step's finished candidates
+            n_finished[alive] = n_done
             at_cap = rules.cap.reached(alive, t)
             first = choice.scores.gather(1, choice.keep[:, :1])[:, 0]  # the best live candidate (any width)
-            done = (choice.ends[:, 0] & n_done.ge(self.n_best)) | at_cap | first.eq(float("-inf"))
-            # the step's one device read: did a candidate end, a sentence finish, the beam narrow?
-            flags = [choice.ends.any(), done.any()] + ([choice.narrow] if choice.narrow is not None else [])
-            any_end, any_done, *narrow = torch.stack(flags).tolist()
-            keep = choice.keep[:, :1] if narrow and narrow[0] else choice.keep
-            if any_end:
-                self._collect(finished, alive, choice, seqs, width, t, given)
-                n_finished[alive] = n_done
+            gone = gone | (ends[:, 0] & n_done.ge(self.n_best)) | at_cap | first.eq(float("-inf"))
+            pending.append(_Ended(t, alive, width, ends, choice, seqs))
+            # read now: every `every` steps, at the last cap, and while one row per sentence may stay one
+            read = every == 1 or (t + 1) % every == 0 or t >= last or (width == 1 and choice.narrow is not None)
+            any_done = narrow = False
+            if read:
+                any_done, narrow = self._catch_up(finished, pending, gone, choice.narrow, given)
+                pending = []
+            keep = choice.keep[:, :1] if narrow else choice.keep
             new_scores = choice.scores.gather(1, keep)
             given.record(alive, new_scores, t)
             new_width = keep.size(1)
             rows = (choice.origin.gather(1, keep) + torch.arange(b, device=device)[:, None] * width).view(-1)
-            new_tokens = choice.tokens.gather(1, keep).view(-1, 1)
+            # a candidate at -inf leads nowhere (a finished sentence's, or a beam wider than its live
+            # candidates): its row is fed <pad>, which no decoder or rule counts, not what it drew
+            new_tokens = choice.tokens.gather(1, keep).masked_fill(new_scores.eq(float("-inf")), PAD_ID).view(-1, 1)
             t += 1
             if any_done:
-                still = fill_holes(done)
-                alive, new_scores = alive[still], new_scores[still]
+                self.device_reads += 1  # fill_holes reads gone
+                still = fill_holes(gone)
+                alive, new_scores, gone = alive[still], new_scores[still], gone[still]
                 rows = rows.view(b, new_width)[still].view(-1)
                 new_tokens = new_tokens.view(b, new_width)[still].view(-1, 1)
                 if rows.numel():
@@ -172,31 +235,56 @@ class Search(ABC):
             scores, width = new_scores, new_width
         return [sorted(h, key=lambda x: -x.score)[: self.n_best] for h in finished]
 
-    def _collect(
+    def _catch_up(
         self,
         finished: list[list[Hypothesis]],
-        alive: torch.Tensor,
-        choice: Choice,
-        seqs: torch.Tensor,
-        width: int,
-        t: int,
+        pending: list[_Ended],
+        gone: torch.Tensor,
+        narrow: Optional[torch.Tensor],
         given: "_Given",
-    ) -> None:
-        """Record the candidates that end in <eos> as finished hypotheses (length counts <eos>;
-        a forced prefix counts neither in the length nor in the log-probability). Two device reads
-        (where they are, then their sentences, scores and tokens), on the steps where some end."""
-        ended = choice.ends.nonzero()  # [E, 2] (row, column)
-        row, j = ended[:, 0], ended[:, 1]
-        src_row = row * width + choice.origin[row, j]
+    ) -> tuple[bool, bool]:
+        """The loop's device read, in one transfer: which ``pending`` steps had candidates end (they
+        are collected now, together), whether a sentence is ``gone`` (done), and whether the beam may
+        ``narrow`` (None: the strategy never narrows)."""
+        flags = [p.ends.any() for p in pending] + [gone.any()] + ([narrow] if narrow is not None else [])
+        values = self._read(torch.stack(flags))
+        ended = [p for p, any_ended in zip(pending, values) if any_ended]
+        if ended:
+            self._collect(finished, ended, given)
+        n = len(pending)
+        return values[n], narrow is not None and values[n + 1]
+
+    def _collect(self, finished: list[list[Hypothesis]], steps: list[_Ended], given: "_Given") -> None:
+        """Record the candidates of ``steps`` that end in <eos> as finished hypotheses, in step order
+        (length counts <eos>; a forced prefix counts neither in the length nor in the
+        log-probability). The steps since a read share their sentences and width (the loop drops
+        sentences and narrows only at reads), so their tensors stack: three device reads for all
+        (where the ended candidates are, their tokens, their sentences and scores)."""
+
+        def stack(xs: list[torch.Tensor]) -> torch.Tensor:
+            return torch.stack(xs) if len(xs) > 1 else xs[0][None]
+
+        width, alive = steps[0].width, steps[0].alive
+        at, row, j = stack([p.ends for p in steps]).nonzero().unbind(1)  # [E] each: step, sentence, column
+        src_row = row * width + stack([p.choice.origin for p in steps])[at, row, j]
         sentence = alive[row]
-        numbers = torch.stack([sentence.double(), choice.scores[row, j].double(), given.log_probs_of(sentence)], 1)
-        tokens = seqs.index_select(0, src_row)[:, 1:].tolist()
-        numbers = numbers.tolist()
-        lengths = torch.tensor([float(t + 1 - given.length(int(sent))) for sent, _, _ in numbers])
+        scores = stack([p.choice.scores for p in steps])[at, row, j].double()
+        t = torch.tensor([float(p.t) for p in steps], dtype=torch.float64, device=scores.device)[at]
+        numbers = torch.stack([sentence.double(), scores, given.log_probs_of(sentence), t], 1)
+        longest = steps[-1].seqs.size(1)  # the last step's rows hold the most tokens
+        seqs = stack([_pad_to(p.seqs, longest) for p in steps])
+        tokens = self._read(seqs[at, src_row, 1:])  # each hypothesis' tokens, then <pad> to the longest
+        numbers = self._read(numbers)
+        lengths = torch.tensor([t + 1 - given.length(int(sent)) for sent, _, _, t in numbers])
         penalties = self.penalty(lengths).tolist()  # a host tensor: elementwise, as one length at a time
-        for (sent, score, before), toks, penalty in zip(numbers, tokens, penalties):
+        for (sent, score, before, t), toks, penalty in zip(numbers, tokens, penalties):
             log_prob = score - before
-            finished[int(sent)].append(Hypothesis(toks, log_prob / penalty, log_prob))
+            finished[int(sent)].append(Hypothesis(toks[: int(t)], log_prob / penalty, log_prob))
+
+
+def _pad_to(seqs: torch.Tensor, length: int) -> torch.Tensor:
+    """``seqs`` [rows, T] padded with ``<pad>`` to ``length`` columns (itself when it has them)."""
+    return seqs if seqs.size(1) == length else torch.nn.functional.pad(seqs, (0, length - seqs.size(1)), value=PAD_ID)
 
 
 class _Given:
@@ -238,16 +326,17 @@ class BeamSearch(Search):
         max_len_ratio: float = 1.5,
         max_len_add: int = 10,
         max_length: int = 250,
+        read_every: int = 0,
     ):
         if n_best > beam:
             raise ValueError(f"n_best ({n_best}) cannot exceed the beam size ({beam})")
-        super().__init__(n_best, penalty, max_len_ratio, max_len_add, max_length)
+        super().__init__(n_best, penalty, max_len_ratio, max_len_add, max_length, read_every)
         self.beam = beam
 
     @classmethod
     def from_options(cls, opt: TranslateConfig, penalty: LengthPenalty) -> "BeamSearch":
         """See :meth:`Search.from_options`: ``beam``, ``n_best``."""
-        return cls(opt.beam, opt.n_best, penalty, **_limits(opt))
+        return cls(opt.beam, opt.n_best, penalty, **_loop_options(opt))
 
     def select(self, scores: torch.Tensor, log_probs: torch.Tensor) -> Choice:
         """See :meth:`Search.select`."""
@@ -275,13 +364,14 @@ class GreedySearch(Search):
         max_len_ratio: float = 1.5,
         max_len_add: int = 10,
         max_length: int = 250,
+        read_every: int = 0,
     ):
-        super().__init__(1, penalty, max_len_ratio, max_len_add, max_length)
+        super().__init__(1, penalty, max_len_ratio, max_len_add, max_length, read_every)
 
     @classmethod
     def from_options(cls, opt: TranslateConfig, penalty: LengthPenalty) -> "GreedySearch":
         """See :meth:`Search.from_options`: one hypothesis."""
-        return cls(penalty, **_limits(opt))
+        return cls(penalty, **_loop_options(opt))
 
     def select(self, scores: torch.Tensor, log_probs: torch.Tensor) -> Choice:
         """See :meth:`Search.select`."""
@@ -327,7 +417,10 @@ class SamplingSearch(Search):
     seeded with ``seed`` when the search first runs on a device and continued by later calls: a
     new search object (a new translator, one command run) gives the same samples for the same
     input and batches, further calls on the same one draw new samples, and torch's global
-    generator is never used."""
+    generator is never used. It reads the device every step (``translate.read_every`` does not
+    apply): a finished row kept in the batch would draw, and change the later draws."""
+
+    reads_every_step = True
 
     def __init__(
         self,
@@ -340,15 +433,16 @@ class SamplingSearch(Search):
         max_len_ratio: float = 1.5,
         max_len_add: int = 10,
         max_length: int = 250,
+        read_every: int = 0,
     ):
-        super().__init__(n_best, penalty, max_len_ratio, max_len_add, max_length)
+        super().__init__(n_best, penalty, max_len_ratio, max_len_add, max_length, read_every)
         self.temperature, self.top_k, self.top_p, self.seed = temperature, top_k, top_p, seed
         self.generator: torch.Generator | None = None
 
     @classmethod
     def from_options(cls, opt: TranslateConfig, penalty: LengthPenalty) -> "SamplingSearch":
         """See :meth:`Search.from_options`: ``temperature``, ``top_k``, ``top_p``, ``seed``, ``n_best``."""
-        return cls(opt.temperature, opt.top_k, opt.top_p, opt.seed, opt.n_best, penalty, **_limits(opt))
+        return cls(opt.temperature, opt.top_k, opt.top_p, opt.seed, opt.n_best, penalty, **_loop_options(opt))
 
     def _generator(self, device: torch.device) -> torch.Generator:
         if self.generator is None or self.generator.device != device:
