@@ -7,8 +7,9 @@ imported where a device is picked, so that counting cores does not load it."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
-from typing import TYPE_CHECKING, Iterator, Literal
+from typing import TYPE_CHECKING, Callable, Iterator, Literal, TypeVar
 
 from onmt_doc.errors import ConfigError
 
@@ -16,6 +17,12 @@ if TYPE_CHECKING:
     import torch
 
 PER_CORE = 8  # the most worker processes or threads per CPU core a user may ask for
+# torch.compile's backend for `train.compile` and `translate.compile` (tests choose a cheaper one)
+COMPILE_BACKEND = "inductor"
+COMPILE_SETTINGS = ("off", "on", "auto", "graphs")
+
+log = logging.getLogger("onmt_doc")
+Fn = TypeVar("Fn", bound=Callable)
 
 
 def cpu_cores() -> int:
@@ -123,3 +130,19 @@ def forced_path(path: str) -> Iterator[None]:
         yield
     finally:
         _FORCED[0] = before
+
+
+def compiled(fn: Fn, setting: str, device: "torch.device", key: str) -> Fn:
+    """``fn`` (a module or a function) compiled by ``torch.compile`` where the setting at ``key``
+    (``train.compile``, ``translate.compile``) asks for it (``auto``: on CUDA), else itself: the one
+    place either asks torch. Dynamic shapes: batches and decoding states change shape, and one
+    compilation must serve them all (a static one recompiles per shape and gives up after a few).
+    ``graphs`` also records each shape's kernels once as a CUDA graph (``mode="reduce-overhead"``;
+    on a CPU there is nothing to record and it is ``on``)."""
+    import torch
+
+    if setting == "off" or (setting == "auto" and device.type != "cuda"):
+        return fn
+    log.info("%s=%s: the first calls compile (a minute or more)", key, setting)
+    mode = "reduce-overhead" if setting == "graphs" else None
+    return torch.compile(fn, dynamic=True, mode=mode, backend=COMPILE_BACKEND)

@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from onmt_doc.config import Config, LossConfig, apply_overrides, config_to_dict, load_config, save_config
+from onmt_doc.config import (
+    Config,
+    LossConfig,
+    apply_overrides,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+    save_config,
+)
 from onmt_doc.errors import ConfigError
 from onmt_doc.registry import Registry
 
@@ -274,3 +282,14 @@ def test_override_mistakes_are_blamed_on_the_command_line(tmp_path):
         load_config(path, ["train.max_step=3"])
     with pytest.raises(ConfigError, match=r"x\.yaml: unknown key 'train.bad'"):
         load_config(write(tmp_path, {"train": {"bad": 3}}), ["train.max_steps=3"])
+
+
+def test_an_unquoted_on_or_off_is_the_setting_of_that_name(tmp_path):
+    """YAML 1.1 reads ``compile: off`` as false; where a key's settings include ``on`` and ``off``,
+    false and true are those settings (before: "expected one of 'off', …, got False")."""
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  compile: off\ntranslate:\n  compile: on\n", encoding="utf-8")
+    cfg = load_config(str(path))
+    assert (cfg.train.compile, cfg.translate.compile) == ("off", "on")
+    with pytest.raises(ConfigError, match="translate.strategy"):
+        config_from_dict({"translate": {"strategy": False}})  # other choices stay strict

@@ -413,3 +413,33 @@ def test_read_every_defaults_per_device_and_sampling_reads_every_step():
     with pytest.raises(ConfigError, match="read_every"):
         config_from_dict({"translate": {"read_every": 65}})
     assert _parser().parse_args(["-model", "m.pt", "-src", "-", "-read_every", "4"]).read_every == 4
+
+
+def test_a_compiled_decoding_step_gives_the_same_output_and_compiles_a_few_times(monkeypatch):
+    """``translate.compile``: the search steps ``torch.compile(model.step)`` (dynamic shapes). The
+    outputs equal eager decoding, and after three searches have compiled the sentence Transformer's
+    step a few times (its first step, the beam's widening, the cache's last slot) further batches
+    compile nothing more: the step's position is written into the caches with ``index_copy_``, so
+    no guard is on the step number (before, an indexed assignment specialised it: every step
+    recompiled until torch's limit of 8, then ran eagerly). torch's ``aot_eager`` backend here: the
+    same graphs as inductor without generating kernels."""
+    from torch._dynamo.utils import counters
+
+    from onmt_doc import devices
+
+    monkeypatch.setattr(devices, "COMPILE_BACKEND", "aot_eager")
+    model, _ = random_model(TRANSFORMER, seed=2)
+    rng = np.random.default_rng(1)
+    batches = [random_batch(SIZES * k, seed=k) for k in (1, 2, 3)]
+    batches += [random_batch([(int(n), 3) for n in rng.integers(2, 12, rows)], seed=rows) for rows in (5, 13, 7)]
+    eager = BeamSearch(beam=3, n_best=2, max_len_ratio=1.5, max_len_add=4)
+    compiled = BeamSearch(beam=3, n_best=2, max_len_ratio=1.5, max_len_add=4, compile="on")
+    torch._dynamo.reset()
+    counters.clear()
+    graphs = []
+    with devices.forced_path("fused"):
+        for batch in batches:
+            assert_same_hypotheses(_outputs(compiled.search(model, batch)), _outputs(eager.search(model, batch)))
+            graphs.append(counters["stats"]["unique_graphs"])
+    torch._dynamo.reset()
+    assert graphs[2] <= 6 and graphs[-1] == graphs[2], graphs

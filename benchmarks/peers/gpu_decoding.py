@@ -47,6 +47,7 @@ class DecodeVsCt2Params:
     # extra onmt_doc runs at the first torch dtype with these translate.read_every values (the rows above
     # use the default: 8 steps between the search's device reads on a GPU); 1 = read every step
     read_every: list = field(default_factory=lambda: [1])
+    compiled: bool = True  # and one at the first torch dtype with translate.compile: on (torch.compile's step)
     rounds: int = 3  # timed passes per translator (the best is kept), after one warm-up pass
     seed: int = 1
 
@@ -66,15 +67,18 @@ def decode_vs_ctranslate2(p: DecodeVsCt2Params, ctx: StageContext) -> None:
     outputs: dict[str, str] = {}
     # the engines of one dtype one after the other, the first dtypes first: a stage cut short by its
     # budget still has a pair to compare
-    runs = [(e, d, 0) for d in dict.fromkeys(p.torch_dtypes + p.ct2_dtypes) for e, ds in
+    runs = [(e, d, {}) for d in dict.fromkeys(p.torch_dtypes + p.ct2_dtypes) for e, ds in
             (("torch", p.torch_dtypes), ("ctranslate2", p.ct2_dtypes)) if d in ds]  # fmt: skip
-    runs += [("torch", p.torch_dtypes[0], k) for k in p.read_every if p.torch_dtypes]
-    for i, (engine, dtype, every) in enumerate(runs):
-        name = f"{'onmt_doc' if engine == 'torch' else 'CTranslate2'} {dtype}{f' read_every {every}' if every else ''}"
-        hyp = os.path.join(ctx.work_dir(), f"{engine}_{dtype}_{every}.hyp")
+    if p.torch_dtypes:  # onmt_doc's search options against its defaults, at the first dtype
+        runs += [("torch", p.torch_dtypes[0], {"read_every": k}) for k in p.read_every]
+        runs += [("torch", p.torch_dtypes[0], {"compile": "on"})] if p.compiled else []
+    for i, (engine, dtype, options) in enumerate(runs):
+        extra = "".join(f" {k} {v}" for k, v in options.items())
+        name = f"{'onmt_doc' if engine == 'torch' else 'CTranslate2'} {dtype}{extra}"
+        hyp = os.path.join(ctx.work_dir(), f"{name.replace(' ', '_')}.hyp")
         share = ctx.seconds_left() / (len(runs) - i)  # of the time left, so a slow one cannot take it all
         model = ckpt if engine == "torch" else export_dir
-        row = run_worker(p, ctx, engine, model, dtype, sources, hyp, share, every)
+        row = run_worker(p, ctx, engine, model, dtype, sources, hyp, share, options)
         if "sent_per_s" in row:
             rates[name], outputs[name] = row["sent_per_s"], hyp
             twin = outputs.get(f"onmt_doc {dtype}")
@@ -131,14 +135,14 @@ def run_worker(
     src: str,
     hyp: str,
     seconds: float,
-    read_every: int = 0,
+    options: Optional[dict] = None,
 ) -> dict:
     """One translator in its own process (:func:`main`) within ``seconds``; for CTranslate2 on CUDA a
     second try with cuBLAS 13 linked under the names its wheel asks for, where the first fails on them.
-    ``read_every``: onmt_doc's ``translate.read_every`` (0: its default)."""
+    ``options``: more ``translate`` options for onmt_doc's translator (``read_every``, ``compile``)."""
     t0 = time.time()
     args = {"engine": engine, "model": model, "dtype": dtype, "device": ctx.device, "src": src, "hyp": hyp,
-            "beam": p.beam, "batch": p.batch, "rounds": p.rounds, "read_every": read_every}  # fmt: skip
+            "beam": p.beam, "batch": p.batch, "rounds": p.rounds, "options": options or {}}  # fmt: skip
     env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
     row = _worker(args, env, seconds)
     if engine == "ctranslate2" and "libcublas" in row.get("error", ""):
@@ -193,9 +197,8 @@ def main(args: dict) -> dict:
     device = torch.device(args["device"])
     with open(args["src"], encoding="utf-8") as f:
         docs = [[line.rstrip("\n")] for line in f]
-    options = {"dtype": args["dtype"], "beam": args["beam"], "batch_sentences": args["batch"], "batch_tokens": 10**6}
-    if args.get("read_every"):
-        options["read_every"] = args["read_every"]
+    options = {"dtype": args["dtype"], "beam": args["beam"], "batch_sentences": args["batch"], "batch_tokens": 10**6,
+               **args["options"]}  # fmt: skip
     tr = Translator.load(args["model"], device, engine=args["engine"], max_len_ratio=1.0, max_len_add=0, **options)
     out = tr.translate(docs[: args["batch"]])  # warm-up: CUDA context, kernels, allocator
     best = float("inf")

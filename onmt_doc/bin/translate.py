@@ -124,6 +124,12 @@ def _parser() -> ArgumentParser:
     p.add_argument(
         "-read_every", "--read_every", type=int, help="beam search: steps between device reads (0 = per device)"
     )
+    p.add_argument(
+        "-compile",
+        "--compile",
+        choices=["off", "on", "auto"],
+        help="compile the decoding step with torch.compile (auto: on CUDA; translate.compile)",
+    )
     p.add_argument("-device", "--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("-threads", "--threads", type=int, default=0, help="CPU threads (0 = all cores)")
     return p
@@ -150,6 +156,7 @@ OPTION_FLAGS = {
     "top_p": "top_p",
     "seed": "seed",
     "read_every": "read_every",
+    "compile": "compile",
 }
 
 

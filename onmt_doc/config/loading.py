@@ -169,6 +169,8 @@ class _Loader:
                     errors.append(e)
             self.fail(path, f"expected {_type_name(tp)}, got {value!r}")
         if origin is Literal:
+            if isinstance(value, bool) and {"on", "off"} <= set(typing.get_args(tp)):
+                value = "on" if value else "off"  # YAML 1.1 reads an unquoted on / off as a boolean
             if value not in typing.get_args(tp):
                 self.fail(path, f"expected {_type_name(tp)}, got {value!r}")
             return value

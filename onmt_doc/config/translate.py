@@ -150,6 +150,13 @@ class TranslateConfig:
         minimum=0,
         maximum=MAX_READ_EVERY,
     )
+    compile: Literal["off", "on", "auto"] = option(
+        "off",
+        "compile the model's decoding step with `torch.compile` (dynamic shapes: one compilation serves every "
+        "batch, beam width and step; the first batches pay a compilation of a minute or more): `auto` = on "
+        "CUDA only; fewer, fused kernels per step where a step is launch-bound (a GPU). The sentence "
+        "Transformer's step is one graph; the document decoders' host plans cut theirs; flag `-compile`",
+    )
 
     def validate(self, path: str, root: Optional[RootConfig]) -> None:
         """The n best hypotheses come from the beam, so there are at most beam of them (samples are

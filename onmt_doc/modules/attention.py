@@ -117,8 +117,9 @@ class MultiHeadAttention(nn.Module):
             b, h, _, d = k.shape
             cache = (k.new_zeros(b, h, capacity, d), v.new_zeros(b, h, capacity, d))
         cache = grow_kv(cache, position + 1)
-        cache[0][:, :, position] = k[:, :, 0]
-        cache[1][:, :, position] = v[:, :, 0]
+        where = torch.full((1,), position, dtype=torch.long, device=k.device)
+        cache[0].index_copy_(2, where, k)
+        cache[1].index_copy_(2, where, v)
         return self.attend(q, cache[0][:, :, : position + 1], cache[1][:, :, : position + 1]), cache
 
     # --- cross-attention

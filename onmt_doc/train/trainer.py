@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from onmt_doc import devices
 from onmt_doc.config import Config, config_to_dict
 from onmt_doc.contracts import Batch
 from onmt_doc.data.batching import collate, ordered_batches
@@ -66,7 +67,7 @@ class Trainer:
             checkpointing.resume_from(self.ckpt_dir, self.state, config_to_dict(cfg), cfg.train.resume_data, ctx)
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         self.ddp = DistributedDataParallel(self.model, device_ids=device_ids) if ctx.enabled else None
-        self.forward_module = compiled(self.ddp or self.model, cfg.train.compile, ctx.device)
+        self.forward_module = devices.compiled(self.ddp or self.model, cfg.train.compile, ctx.device, "train.compile")
         log.info(run_summary(cfg, parts, ctx))
 
     @property
@@ -290,20 +291,6 @@ class Trainer:
         for metric in self.metrics:
             metrics.update(metric(self.model, v))
         return metrics
-
-
-def compiled(module: torch.nn.Module, setting: str, device: torch.device) -> torch.nn.Module:
-    """``module`` compiled by ``torch.compile`` when ``train.compile`` asks for it (``auto``: on CUDA),
-    else itself. Dynamic shapes: token-budget batches change shape every step, and one compilation
-    must serve them all (a static one recompiles per shape and gives up after a few). ``graphs``
-    also records each batch shape's kernels as a CUDA graph (``train.static_shapes`` makes shapes
-    repeat; on a CPU there is nothing to record and it is ``on``)."""
-    if setting == "off" or (setting == "auto" and device.type != "cuda"):
-        return module
-    log.info("train.compile=%s: the first training steps compile the model (a minute or more)", setting)
-    if setting == "graphs":
-        return torch.compile(module, dynamic=True, mode="reduce-overhead")
-    return torch.compile(module, dynamic=True)
 
 
 def train(cfg: Config, config_path: Optional[str] = None) -> dict:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -115,6 +115,7 @@ def _loop_options(opt: TranslateConfig) -> dict:
         max_len_add=opt.max_len_add,
         max_length=opt.max_length,
         read_every=opt.read_every,
+        compile=opt.compile,
     )
 
 
@@ -133,10 +134,12 @@ class Search(ABC):
         max_len_add: int = 10,
         max_length: int = 250,
         read_every: int = 0,
+        compile: str = "off",
     ):
         self.n_best, self.penalty = n_best, penalty
         self.limit = LengthLimit(max_len_ratio, max_len_add, max_length)
-        self.read_every = read_every
+        self.read_every, self.compile = read_every, compile
+        self._step: Optional[tuple[EncoderDecoder, Callable]] = None  # the last model and its (compiled) step
         self.device_reads = 0  # times the loop has waited for the device (a statistic for benchmarks)
 
     def read_interval(self, device: torch.device) -> int:
@@ -146,6 +149,14 @@ class Search(ABC):
         if self.read_every:
             return self.read_every
         return FUSED_READ_EVERY if devices.fused(device) else 1
+
+    def step_of(self, model: EncoderDecoder, device: torch.device) -> Callable:
+        """``model.step``, compiled where ``translate.compile`` asks for it on ``device``
+        (:func:`onmt_doc.devices.compiled`): once for a translator's model, whose later searches reuse
+        the compiled code (the search keeps one model's, as a translator holds one model)."""
+        if self._step is None or self._step[0] is not model:
+            self._step = (model, devices.compiled(model.step, self.compile, device, "translate.compile"))
+        return self._step[1]
 
     def _read(self, x: torch.Tensor) -> list:
         """``x`` on the host: the loop waits for the device here, and only here."""
@@ -191,11 +202,13 @@ class Search(ABC):
         gone = torch.zeros(n, dtype=torch.bool, device=device)  # alive sentences done, dropped at the next read
         pending: list[_Ended] = []  # steps whose ended candidates are not collected yet
         given = _Given(prefix, n, device)
+        model_step = self.step_of(model, device)
+        last_tokens = seqs[:, 0]  # [rows] contiguous (a view of seqs' last column would change strides every step)
         t = 0
         while alive.numel():
             b = alive.numel()
-            log_probs, state = model.step(seqs[:, -1], state)
-            step = Step(t, seqs[:, -1], alive.repeat_interleave(width))  # origin: the batch row of each live row
+            log_probs, state = model_step(last_tokens, state)
+            step = Step(t, last_tokens, alive.repeat_interleave(width))  # origin: the batch row of each live row
             log_probs = rules.apply(model.decoder.constrain(log_probs, state), step)
             choice = self.select(scores, log_probs.view(b, width, -1))
             ends = choice.ends & ~gone[:, None]  # a sentence already done finishes nothing more
@@ -231,7 +244,8 @@ class Search(ABC):
             elif rows.numel():
                 state = state.reorder(rows, same_sources=new_width == width)
             seqs = torch.cat([seqs.index_select(0, rows), new_tokens], dim=1)
-            rules.advance(rows, new_tokens.view(-1))
+            last_tokens = new_tokens.view(-1)
+            rules.advance(rows, last_tokens)
             scores, width = new_scores, new_width
         return [sorted(h, key=lambda x: -x.score)[: self.n_best] for h in finished]
 
@@ -327,10 +341,11 @@ class BeamSearch(Search):
         max_len_add: int = 10,
         max_length: int = 250,
         read_every: int = 0,
+        compile: str = "off",
     ):
         if n_best > beam:
             raise ValueError(f"n_best ({n_best}) cannot exceed the beam size ({beam})")
-        super().__init__(n_best, penalty, max_len_ratio, max_len_add, max_length, read_every)
+        super().__init__(n_best, penalty, max_len_ratio, max_len_add, max_length, read_every, compile)
         self.beam = beam
 
     @classmethod
@@ -365,8 +380,9 @@ class GreedySearch(Search):
         max_len_add: int = 10,
         max_length: int = 250,
         read_every: int = 0,
+        compile: str = "off",
     ):
-        super().__init__(1, penalty, max_len_ratio, max_len_add, max_length, read_every)
+        super().__init__(1, penalty, max_len_ratio, max_len_add, max_length, read_every, compile)
 
     @classmethod
     def from_options(cls, opt: TranslateConfig, penalty: LengthPenalty) -> "GreedySearch":
@@ -434,8 +450,9 @@ class SamplingSearch(Search):
         max_len_add: int = 10,
         max_length: int = 250,
         read_every: int = 0,
+        compile: str = "off",
     ):
-        super().__init__(n_best, penalty, max_len_ratio, max_len_add, max_length, read_every)
+        super().__init__(n_best, penalty, max_len_ratio, max_len_add, max_length, read_every, compile)
         self.temperature, self.top_k, self.top_p, self.seed = temperature, top_k, top_p, seed
         self.generator: torch.Generator | None = None
 
