@@ -11,10 +11,12 @@ from conftest import init_from_run, make_trainer, tiny_config
 from model_helpers import N_WORDS, assert_forced_scores_keep_breaks, random_model
 from test_decoding import assert_stepwise_matches
 
+from onmt_doc import devices
 from onmt_doc.config import config_from_dict
+from onmt_doc.contracts import LengthLimit
 from onmt_doc.data.batching import collate, example_lengths, ordered_batches, token_batches
 from onmt_doc.data.mapped import build_instances
-from onmt_doc.data.vocab import PAD_ID, SPECIALS
+from onmt_doc.data.vocab import BOS_ID, PAD_ID, SOS_ID, SPECIALS
 from onmt_doc.encoders.hierarchical import own_sentence_context
 from onmt_doc.errors import ConfigError
 from onmt_doc.evaluation.corpus_metrics import report
@@ -529,3 +531,23 @@ def test_a_compiled_forward_leaves_its_graph_only_for_the_two_host_plans(variant
             torch._dynamo.reset()
             got = torch.compile(model, backend="eager", dynamic=True)(batch).logits
     assert got.shape == expected.shape and torch.allclose(got, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_a_fused_decoding_step_reads_each_document_in_one_masked_call(name):
+    """On the fused (GPU) path a decoding step attends from each row to its own document as one
+    attention call over every document's keys, masked by document (no packing plan made on the host
+    from a device read, per layer and step): stepwise = teacher-forced (1e-5), also after the rows
+    are permuted, and the step is one graph for ``torch.compile`` (nine at two layers before: the
+    packing plan broke it at every layer)."""
+    model, _ = random_model(VARIANTS[name])
+    batch = context_batch(random_docs([3, 1, 4]))
+    with devices.forced_path("fused"):
+        assert_stepwise_matches(model, batch, torch.tensor([5, 0, 7, 2, 1, 6, 3, 4]))
+        with torch.no_grad():
+            state = model.init_state(model.encode(batch), batch, LengthLimit(1.0, 5))
+            _, state = model.step(torch.full((batch.size,), BOS_ID), state)
+            torch._dynamo.reset()
+            explained = torch._dynamo.explain(model.step)(torch.full((batch.size,), SOS_ID), state)
+            torch._dynamo.reset()
+    assert explained.graph_count == 1, [str(b.reason)[:120] for b in explained.break_reasons]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, ClassVar, Literal, Optional
+from typing import Any, Callable, ClassVar, Literal, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -35,9 +35,12 @@ from onmt_doc.decoders.transformer import (
 from onmt_doc.modules.attention import KV, MultiHeadAttention
 from onmt_doc.modules.document_packing import (
     DocumentMemory,
+    FlatDocuments,
     attend_documents,
     attend_documents_rows,
+    attend_own_document,
     document_memory,
+    flat_documents,
     host_array,
     plan_document_rows,
 )
@@ -57,7 +60,12 @@ class DocContextDecoderConfig(TransformerDecoderConfig):
     )
 
 
-DocumentContext = tuple[DocumentMemory, torch.Tensor]  # (a layer's keys/values of C, row -> document)
+class DocumentContext(NamedTuple):
+    """What a layer's document attention reads besides the sentence memory."""
+
+    memory: DocumentMemory  # the layer's keys/values of C, one entry per document
+    row_doc: torch.Tensor  # [R] row -> entry
+    flat: Optional[FlatDocuments] = None  # the entries as one sequence (decoding on the fused path)
 
 
 @dataclass
@@ -66,10 +74,11 @@ class DocContextState(TransformerState):
     into them, so they are never reordered) and the entry ``row_doc`` each row reads."""
 
     source_fields: ClassVar[tuple[str, ...]] = ("cross_kv", "memory_mask", "row_doc")
-    shared_fields: ClassVar[tuple[str, ...]] = ("doc_memory",)
+    shared_fields: ClassVar[tuple[str, ...]] = ("doc_memory", "doc_flat")
     owned_fields: ClassVar[tuple[str, ...]] = ("self_kv",)
     doc_memory: list[DocumentMemory]  # per layer, one entry per document (own_sentence: per source row)
     row_doc: torch.Tensor  # [R] entry of doc_memory each row reads
+    doc_flat: Optional[list[FlatDocuments]] = None  # per layer, on the fused path: doc_memory as one sequence
 
 
 class DocContextDecoderLayer(TransformerDecoderLayer):
@@ -85,10 +94,13 @@ class DocContextDecoderLayer(TransformerDecoderLayer):
     def source_attention(
         self, h: torch.Tensor, memory_kv: KV, memory_mask: torch.Tensor, context: Any = None
     ) -> torch.Tensor:
-        """H = E + G (eq. 10) for queries ``h`` [R, T, D]; ``context`` is the layer's :data:`DocumentContext`."""
-        doc, row_doc = context
+        """H = E + G (eq. 10) for queries ``h`` [R, T, D]; ``context`` is the layer's :class:`DocumentContext`
+        (with ``flat``, a decoding step on the fused path: one masked attention call, no packing plan)."""
         e = self.cross_attn.cross(h, memory_kv, memory_mask)  # E: encoder-decoder attention
-        g = attend_documents(self.doc_attn, h, row_doc, doc, probe="dec_doc_context")  # eq. 9: G
+        if context.flat is not None and h.size(1) == 1:  # eq. 9: G
+            g = attend_own_document(self.doc_attn, h, context.row_doc, context.flat, probe="dec_doc_context")
+        else:
+            g = attend_documents(self.doc_attn, h, context.row_doc, context.memory, probe="dec_doc_context")
         return e + g  # eq. 10: H = E + G
 
     def forward_buckets(
@@ -140,7 +152,7 @@ class DocContextDecoder(TransformerDecoder):
     def layer_contexts(self, enc_out: EncoderOut) -> list[DocumentContext]:
         """Per layer, the keys/values of C and the entry each row reads (eqs. 8–9)."""
         row_doc = self._row_memory(enc_out)
-        return [(doc, row_doc) for doc in self._document_memories(enc_out)]
+        return [DocumentContext(doc, row_doc) for doc in self._document_memories(enc_out)]
 
     def forward(self, tgt_in: torch.Tensor, enc_out: EncoderOut, batch: Batch) -> DecoderOut:
         """Teacher-forced pass, ``tgt_in`` [R, T] -> ``hidden`` [R, T, D], run per length bucket of the
@@ -197,19 +209,23 @@ class DocContextDecoder(TransformerDecoder):
     def init_state(self, enc_out: EncoderOut, batch: Batch, limit: Optional[LengthLimit] = None) -> DocContextState:
         """The Transformer's state plus the document memories, computed once per batch."""
         base = super().init_state(enc_out, batch, limit)
+        memories = self._document_memories(enc_out)
+        fused = devices.fused(enc_out.memory.device)  # the steps' document attention: one masked call
         return DocContextState(
             step=base.step,
             capacity=base.capacity,
             self_kv=base.self_kv,
             cross_kv=base.cross_kv,
             memory_mask=base.memory_mask,
-            doc_memory=self._document_memories(enc_out),
+            doc_memory=memories,
             row_doc=self._row_memory(enc_out),
+            doc_flat=[flat_documents(m) for m in memories] if fused else None,
         )
 
     def state_contexts(self, state: DocContextState) -> list[DocumentContext]:
         """``layer_contexts`` from the decoding state, so steps do not recompute the document memories."""
-        return [(doc, state.row_doc) for doc in state.doc_memory]
+        flats = state.doc_flat or [None] * len(state.doc_memory)
+        return [DocumentContext(doc, state.row_doc, flat) for doc, flat in zip(state.doc_memory, flats)]
 
 
 def own_attention(

@@ -384,7 +384,10 @@ class GTransformerDecoder(Decoder):
         positions, cross_mask, has = source_block(
             state.src_start, state.src_len, state.tag, state.src_width if fused else None
         )
-        return _StepMasks(keep, state.sent_len - 1, capacity, self_mask, positions, cross_mask, has.to(dtype))
+        # a finished sentence's rows ride along until the search's next device read (and rows at -inf go
+        # on): fed <pad>, they may pass their sentence's cap; their writes land in the last slot, unread
+        slot = (state.sent_len - 1).clamp(max=capacity - 1) if fused else state.sent_len - 1
+        return _StepMasks(keep, slot, capacity, self_mask, positions, cross_mask, has.to(dtype))
 
     def constrain(self, log_probs: torch.Tensor, state: GTransformerState) -> torch.Tensor:
         """Document structure (see the module docstring); forced tokens keep their model score."""

@@ -238,3 +238,37 @@ def _capture_rows(
         else:
             full = part.new_zeros(r * t, *part.shape[1:]).index_copy(0, wheres[i], part)
         analysis.capture(name, full.view(r, t, *part.shape[1:]), None if rows is None else rows[i])
+
+
+@dataclass
+class FlatDocuments:
+    """A layer's :class:`DocumentMemory` as one sequence of every document's keys, for steps of one
+    query per row (decoding) on the fused path: made once per search, read by
+    :func:`attend_own_document`."""
+
+    kv: KV  # [1, H, G·N, d_head] each: document g's keys at g·N … g·N + N - 1
+    key_doc: torch.Tensor  # [G·N] the document of each key; -1 at padding
+
+
+def flat_documents(memory: DocumentMemory) -> FlatDocuments:
+    """``memory`` [G, H, N, d_head] laid out as one sequence [1, H, G·N, d_head] (a copy, once)."""
+    g, h, n, d = memory.kv[0].shape
+    k, v = (x.transpose(0, 1).reshape(1, h, g * n, d) for x in memory.kv)
+    key_doc = torch.arange(g, device=k.device).repeat_interleave(n)
+    return FlatDocuments((k, v), key_doc.masked_fill(~memory.mask.reshape(g * n), -1))
+
+
+def attend_own_document(
+    attn: MultiHeadAttention, h: torch.Tensor, row_doc: torch.Tensor, docs: FlatDocuments, probe: Optional[str] = None
+) -> torch.Tensor:
+    """:func:`attend_documents` for one query per row, h [R, 1, D]: every row's query over all the
+    documents' keys in one attention call, masked to its own document's real keys (``row_doc`` [R]
+    equal to the key's document). The same attention as packing the rows per document, without a
+    host plan or a device read, at R·G·N scores instead of R·N: the fused (GPU) path's decoding step,
+    where a step is a few rows over a few documents. Returns [R, 1, D]."""
+    r = h.size(0)
+    q = attn.project_q(h.view(1, r, -1))  # [1, H, R, d_head]: the rows as the query positions of one sequence
+    mask = row_doc[:, None].eq(docs.key_doc[None, :])[None, None]  # [1, 1, R, G·N]
+    every_query = torch.ones(1, r, dtype=torch.bool, device=h.device)
+    query_probe: Optional[Probe] = None if probe is None else (probe, every_query)
+    return attn.attend(q, docs.kv[0], docs.kv[1], mask, probe=query_probe).view(r, 1, -1)
