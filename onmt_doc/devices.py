@@ -7,9 +7,10 @@ imported where a device is picked, so that counting cores does not load it."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
-from typing import TYPE_CHECKING, Callable, Iterator, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, TypeVar
 
 from onmt_doc.errors import ConfigError
 
@@ -132,17 +133,33 @@ def forced_path(path: str) -> Iterator[None]:
         _FORCED[0] = before
 
 
-def compiled(fn: Fn, setting: str, device: "torch.device", key: str) -> Fn:
+def compiled(fn: Fn, setting: str, device: "torch.device", key: str, duck_shapes: bool = True) -> Fn:
     """``fn`` (a module or a function) compiled by ``torch.compile`` where the setting at ``key``
     (``train.compile``, ``translate.compile``) asks for it (``auto``: on CUDA), else itself: the one
     place either asks torch. Dynamic shapes: batches and decoding states change shape, and one
     compilation must serve them all (a static one recompiles per shape and gives up after a few).
     ``graphs`` also records each shape's kernels once as a CUDA graph (``mode="reduce-overhead"``;
-    on a CPU there is nothing to record and it is ``on``)."""
+    on a CPU there is nothing to record and it is ``on``). ``duck_shapes=False`` compiles without
+    torch's duck shaping (equal sizes taken for one symbol): a decoding state whose row count happens
+    to equal a head size or a source length otherwise specialises the step and compiles it again,
+    and a document decoder's searches reached torch's limit of 8 compilations on toy batches."""
     import torch
 
     if setting == "off" or (setting == "auto" and device.type != "cuda"):
         return fn
     log.info("%s=%s: the first calls compile (a minute or more)", key, setting)
     mode = "reduce-overhead" if setting == "graphs" else None
-    return torch.compile(fn, dynamic=True, mode=mode, backend=COMPILE_BACKEND)
+    compiled_fn = torch.compile(fn, dynamic=True, mode=mode, backend=COMPILE_BACKEND)
+    if duck_shapes:
+        return compiled_fn
+    from torch.fx.experimental import _config as fx_config  # torch compiles on the first calls, inside them
+
+    @functools.wraps(fn)
+    def without_duck_shapes(*args: Any, **kwargs: Any) -> Any:
+        before, fx_config.use_duck_shape = fx_config.use_duck_shape, False  # (a patch() costs ~25 µs a call)
+        try:
+            return compiled_fn(*args, **kwargs)
+        finally:
+            fx_config.use_duck_shape = before
+
+    return without_duck_shapes  # type: ignore[return-value]

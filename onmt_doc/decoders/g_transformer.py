@@ -316,12 +316,14 @@ class GTransformerDecoder(Decoder):
         zeros = torch.zeros(b, dtype=torch.long, device=device)
         src_start, src_len = source_spans(enc_out.groups, src_keep)
         caps = self._sentence_caps(enc_out.groups, src_keep, limit or LengthLimit())
+        # a tensor of its own per field: torch.compile guards on which inputs alias, and a compiled step
+        # met this state's first step with four fields aliased and its later ones with none
         return GTransformerState(
             step=0,
             tag=zeros,
-            n_sents=zeros,
-            words=zeros,
-            sent_len=zeros,
+            n_sents=zeros.clone(),
+            words=zeros.clone(),
+            sent_len=zeros.clone(),
             last=torch.full_like(zeros, BOS_ID),
             self_kv=[None] * len(layers),
             global_self_kv=[None] * len(layers),

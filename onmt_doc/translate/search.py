@@ -155,7 +155,8 @@ class Search(ABC):
         (:func:`onmt_doc.devices.compiled`): once for a translator's model, whose later searches reuse
         the compiled code (the search keeps one model's, as a translator holds one model)."""
         if self._step is None or self._step[0] is not model:
-            self._step = (model, devices.compiled(model.step, self.compile, device, "translate.compile"))
+            step = devices.compiled(model.step, self.compile, device, "translate.compile", duck_shapes=False)
+            self._step = (model, step)
         return self._step[1]
 
     def _read(self, x: torch.Tensor) -> list:
