@@ -156,7 +156,9 @@ def compiled(fn: Fn, setting: str, device: "torch.device", key: str, duck_shapes
 
     @functools.wraps(fn)
     def without_duck_shapes(*args: Any, **kwargs: Any) -> Any:
-        before, fx_config.use_duck_shape = fx_config.use_duck_shape, False  # (a patch() costs ~25 µs a call)
+        # torch's setting is process-wide (a patch() costs ~25 µs a call; this, nothing): set for the
+        # call; a compilation in another thread meanwhile would see it too
+        before, fx_config.use_duck_shape = fx_config.use_duck_shape, False
         try:
             return compiled_fn(*args, **kwargs)
         finally:

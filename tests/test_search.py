@@ -420,6 +420,8 @@ def test_read_every_defaults_per_device_and_sampling_reads_every_step():
     with pytest.raises(ConfigError, match="read_every"):
         config_from_dict({"translate": {"read_every": 65}})
     assert _parser().parse_args(["-model", "m.pt", "-src", "-", "-read_every", "4"]).read_every == 4
+    assert _parser().parse_args(["-model", "m.pt", "-src", "-", "-compile", "auto"]).compile == "auto"
+    assert build_search(TranslateConfig(compile="on")).compile == "on"
 
 
 def _compile_batches(name: str) -> list:

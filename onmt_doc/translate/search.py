@@ -108,7 +108,7 @@ SEARCHES = REGISTRY = Registry("search")
 
 
 def _loop_options(opt: TranslateConfig) -> dict:
-    """The arguments of the shared loop (length caps, device reads) every strategy takes from the
+    """The arguments of the shared loop (length caps, device reads, compilation) every strategy takes from the
     ``translate`` section."""
     return dict(
         max_len_ratio=opt.max_len_ratio,
@@ -160,7 +160,8 @@ class Search(ABC):
         return self._step[1]
 
     def _read(self, x: torch.Tensor) -> list:
-        """``x`` on the host: the loop waits for the device here, and only here."""
+        """``x`` on the host, counted: the loop's reads of its flags and finished hypotheses (with
+        ``fill_holes``' read, counted beside it, all the waits a search makes for the device)."""
         self.device_reads += 1
         return x.tolist()
 
