@@ -156,6 +156,9 @@ def test_mistakes_are_one_line(concat, docs, tmp_path, monkeypatch):
         Translator.load([out, out], device="cpu", engine="ctranslate2")
     with pytest.raises(UserError, match=r"engine: unknown engine type 'ctranslate' \(did you mean 'ctranslate2'\?\)"):
         Translator.load(out, device="cpu", engine="ctranslate")
+    with pytest.raises(UserError, match="read_every, compile: options of onmt_doc's own search"):
+        Translator.load(out, device="cpu", engine="ctranslate2", read_every=8, compile="on")
+    assert Translator.load(out, device="cpu", engine="ctranslate2", read_every=0, compile="off") is not None
     with pytest.raises(UserError, match="forced decoding .* needs the onmt_doc checkpoint"):
         Translator.load(out, device="cpu", engine="ctranslate2").score(docs[:1], docs[:1])
     r = run_cli(

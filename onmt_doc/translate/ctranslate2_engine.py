@@ -249,6 +249,10 @@ class CTranslate2Model:
         return out
 
 
+# translate options of onmt_doc's search loop, which CTranslate2's own search has no use for: asked for, refused
+OWN_SEARCH_OPTIONS = ("read_every", "compile")
+
+
 @ENGINES.register("ctranslate2", None)
 class CTranslate2Translator(Translator):
     """The streaming translator decoding with a CTranslate2 export (see the module docstring)."""
@@ -264,6 +268,10 @@ class CTranslate2Translator(Translator):
         if len(paths) > 1:
             flag = option_names.get("engine", "engine")
             raise UserError(f"{flag} ctranslate2 translates with one exported model, not an ensemble of {len(paths)}")
+        own = [name for name in OWN_SEARCH_OPTIONS if options.get(name) not in (None, 0, "off")]
+        if own:
+            names = ", ".join(option_names.get(name, name) for name in own)
+            raise UserError(f"{names}: options of onmt_doc's own search, which an export does not run (engine torch)")
         info, cfg, codec = read_export(paths[0])
         opts = translator_options(cfg.translate, option_names, **options)
         if opts.strategy == "sampling":
