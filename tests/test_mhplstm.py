@@ -4,12 +4,15 @@ the constant decoding state, config errors and learning the toy corpus."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import pytest
 import torch
 from conftest import tiny_config
 from model_helpers import random_batch, random_model
 from test_decoding import SIZES, TRANSFORMER, assert_stepwise_matches
 
+from onmt_doc import devices
 from onmt_doc.config import config_from_dict
 from onmt_doc.data.vocab import PAD_ID
 from onmt_doc.errors import ConfigError
@@ -154,25 +157,28 @@ def test_layer_norm_statistics_per_head_or_over_all_heads(parts):
     assert not torch.allclose(all_heads(bumped)[:2], z[:2], atol=1e-3)
 
 
-def loop_scan(f: torch.Tensor, hr: torch.Tensor) -> torch.Tensor:
-    c, out = torch.zeros_like(hr[:, 0]), []
+def loop_scan(f: torch.Tensor, hr: torch.Tensor, c0: Optional[torch.Tensor] = None) -> torch.Tensor:
+    c, out = torch.zeros_like(hr[:, 0]) if c0 is None else c0, []
     for t in range(f.size(1)):
         c = c * f[:, t] + hr[:, t]
         out.append(c)
     return torch.stack(out, 1)
 
 
+@pytest.mark.parametrize("path", devices.PATHS)
 @pytest.mark.parametrize("gate_bias", [-12.0, 0.0, 8.0], ids=["f_near_0", "f_mid", "f_near_1"])
-def test_scan_is_exact_on_long_sequences(gate_bias, device):
-    """T = 256 in float32 on ``device`` against a float64 loop on the CPU, with forget gates down to
-    ~1e-6: values and gradients within 1e-5 of the largest reference value, nothing infinite or NaN."""
+def test_scan_is_exact_on_long_sequences(gate_bias, path, device):
+    """T = 256 in float32 on ``device`` and either kernel path (a loop; recursive doubling) against a
+    float64 loop on the CPU, with forget gates down to ~1e-6: values and gradients within 1e-5 of the
+    largest reference value, nothing infinite or NaN."""
     g = torch.Generator().manual_seed(1)  # drawn on the CPU: the same inputs on every device
     f = torch.sigmoid(torch.randn(2, 256, 24, generator=g) * 2 + gate_bias)
     hr = torch.randn(2, 256, 24, generator=g)
     probe = torch.randn(2, 256, 24, generator=g)
     f_dev, hr_dev = (t.to(device).requires_grad_() for t in (f, hr))
-    c = linear_scan(f_dev, hr_dev)
-    grads = torch.autograd.grad((c * probe.to(device)).sum(), [f_dev, hr_dev])
+    with devices.forced_path(path):
+        c = linear_scan(f_dev, hr_dev)
+        grads = torch.autograd.grad((c * probe.to(device)).sum(), [f_dev, hr_dev])
     f64, hr64 = (t.double().requires_grad_() for t in (f, hr))
     c64 = loop_scan(f64, hr64)
     grads64 = torch.autograd.grad((c64 * probe.double()).sum(), [f64, hr64])
@@ -180,6 +186,53 @@ def test_scan_is_exact_on_long_sequences(gate_bias, device):
         a = a.detach().cpu()
         assert torch.isfinite(a).all()
         assert (a.double() - b).abs().max() <= 1e-5 * b.abs().max()
+
+
+@pytest.mark.parametrize("path", devices.PATHS)
+def test_the_scan_continues_from_a_cell_at_every_length(path):
+    """Every length from 2 to 33 (each round count of the doubling, and the lengths between powers of
+    two), continued from a cell c0: cells and the gradients of f, h_r and c0 equal a float64
+    step-by-step loop's (1e-12)."""
+    g = torch.Generator().manual_seed(3)
+    for t in range(2, 34):
+        f = torch.rand(2, t, 3, 4, generator=g, dtype=torch.float64)
+        hr, probe = torch.randn(2, 2, t, 3, 4, generator=g, dtype=torch.float64)
+        c0 = torch.randn(2, 3, 4, generator=g, dtype=torch.float64)
+        inputs = [x.clone().requires_grad_() for x in (f, hr, c0)]
+        with devices.forced_path(path):
+            c = linear_scan(*inputs)
+            got = [c, *torch.autograd.grad((c * probe).sum(), inputs)]
+        ref_inputs = [x.clone().requires_grad_() for x in (f, hr, c0)]
+        ref = loop_scan(*ref_inputs)
+        want = [ref, *torch.autograd.grad((ref * probe).sum(), ref_inputs)]
+        for a, b in zip(got, want):
+            assert torch.allclose(a, b, rtol=0, atol=1e-12), t
+
+
+@pytest.mark.parametrize("path", devices.PATHS)
+def test_torch_compile_traces_the_sublayer_in_one_graph(path):
+    """``torch.compile`` sees the cell scan as one operator: the sublayer's forward is one graph on
+    either kernel path (a TorchScript function cut it into five at one layer, eleven graphs for a
+    two-layer decoder's training step), and the compiled forward and backward equal eager ones for
+    lengths it has not seen (dynamic shapes: one compilation)."""
+    torch.manual_seed(0)
+    m = MultiHeadHPLSTM(32, 4, 0.0)
+
+    def loss(x: torch.Tensor) -> torch.Tensor:
+        return (m(x)[0] * torch.linspace(-1, 1, x.size(1)).view(1, -1, 1)).sum()
+
+    with devices.forced_path(path):
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(loss)(torch.randn(3, 7, 32))
+        assert explained.graph_count == 1, [str(b.reason)[:120] for b in explained.break_reasons]
+        torch._dynamo.reset()
+        compiled = torch.compile(loss, backend="aot_eager", dynamic=True)
+        for t in (5, 9, 17):
+            x = torch.randn(3, t, 32, requires_grad=True)
+            want = torch.autograd.grad(loss(x), [x, *m.parameters()])
+            got = torch.autograd.grad(compiled(x), [x, *m.parameters()])
+            assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(got, want)), t
+        torch._dynamo.reset()
 
 
 # ----------------------------------------------------------------------------- decoding

@@ -106,19 +106,34 @@ def chunked(f, hr, size: int = 16):
 
 
 def scan_candidates() -> dict[str, Callable]:
-    """Every candidate; the last is the library's."""
+    """Every candidate; the last two are the library's (the CPU's kernel path last)."""
     import torch
 
-    from onmt_doc.modules.hplstm import LinearScan, linear_scan, scan_backward_loop, scan_forward_loop
+    from onmt_doc import devices
+    from onmt_doc.modules.hplstm import cell_gradients, linear_scan, scan_backward_loop, scan_forward_loop
 
-    class PythonLoopScan(LinearScan):  # the kept hand-written backward, loops left to the interpreter
-        kernels = (scan_forward_loop, scan_backward_loop)
+    class PythonLoopScan(torch.autograd.Function):  # the kept hand-written backward, loops left to the interpreter
+        @staticmethod
+        def forward(ctx, f, hr, c0):
+            c = scan_forward_loop(f, hr, c0)
+            ctx.save_for_backward(f, c, c0)
+            return c
+
+        @staticmethod
+        def backward(ctx, grad):
+            f, c, c0 = ctx.saved_tensors
+            return cell_gradients(f, c, c0, scan_backward_loop(f, grad.contiguous()))
+
+    def fused_path(f, hr):
+        with devices.forced_path("fused"):
+            return linear_scan(f, hr)
 
     return {
         "python loop (autograd)": python_loop,
         "doubling (Hillis-Steele)": doubling,
         "chunked (16)": chunked,
         "python loop + hand backward": lambda f, hr: PythonLoopScan.apply(f, hr, torch.zeros_like(hr[:, 0])),
+        "doubling + hand backward (the GPU's fused path)": fused_path,
         "TorchScript loop + hand backward (kept)": linear_scan,
     }
 

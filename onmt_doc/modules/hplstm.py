@@ -5,8 +5,9 @@ Everything with a weight matrix (input projection, gates, hidden state, output g
 projection) depends only on the current input and the bag-of-words prefix sum of the previous
 inputs, so it is computed for the whole sequence at once. What remains sequential is the
 element-wise cell recurrence ``c_t = c_{t−1} ⊙ f_t + h_r,t`` (eq. 16), a linear recurrence run by
-:func:`linear_scan` (a TorchScript loop with a hand-written backward, the fastest exact candidate
-on CPU: docs/benchmarks.md, "MHPLSTM: the cell scan").
+:func:`linear_scan` (one custom operator with a hand-written backward: a TorchScript loop on the CPU,
+the fastest exact candidate there, docs/benchmarks.md "MHPLSTM: the cell scan"; recursive doubling on
+the GPU's kernel path).
 
 The heads are independent HPLSTMs (eq. 20); their weights are stored per head and applied as one
 batched matrix product over heads (:class:`GroupedLinear`), never as a Python loop. Tensors inside
@@ -30,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from onmt_doc import devices
 from onmt_doc.modules.dropout import Dropout
 
 # (running sum of the inputs i over the prefix, cell c of the last position), both [B, D]
@@ -88,6 +90,19 @@ class GroupedLayerNorm(nn.Module):
 
 
 # ----------------------------------------------------------------------------- the cell scan
+# Eq. 16 is a linear recurrence; two kernels compute it, chosen by the device's kernel path
+# (``onmt_doc.devices.fused``), each a (forward, backward) pair:
+#
+# - packed (CPU): a loop over time slices, compiled with TorchScript: one multiply-add per step and
+#   the least memory traffic, measured fastest on a CPU (docs/benchmarks.md, "MHPLSTM: the cell scan");
+# - fused (GPU): recursive doubling (Hillis and Steele, 1986): ⌈log₂ T⌉ rounds, each a few kernels
+#   over the whole tensor, where the loop launches two kernels per time step (~900 a training step at
+#   Transformer-base shape; a GPU step is bound by launches).
+#
+# Both run inside one custom operator (``onmt_doc::hplstm_scan``) with a hand-written backward, so
+# autograd records one node instead of T, and ``torch.compile`` traces the decoder around it in one
+# graph: it sees an operator of known output shape instead of a TorchScript function or a loop whose
+# length is a batch's, which it would cut the graph at or unroll per length.
 
 
 def scan_forward_loop(f: torch.Tensor, hr: torch.Tensor, c0: torch.Tensor) -> torch.Tensor:
@@ -112,50 +127,116 @@ def scan_backward_loop(f: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
     return total
 
 
-def _compiled(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """``fn`` compiled with TorchScript: measured fastest (docs/benchmarks.md), deprecated in torch
-    2.13 (its DeprecationWarning is silenced here; the plain loops are the documented fallback)."""
+def doubling_scan(a: torch.Tensor, b: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+    """x_t = a_t ⊙ x_{t−1} + b_t along dim 1 from x_{−1} = 0 (``reverse``: x_t = a_t ⊙ x_{t+1} + b_t
+    from the end) by recursive doubling: after the round of offset k, (a_t, b_t) compose the steps
+    t−2k+1 … t, so ⌈log₂ T⌉ rounds leave x in b. Products of gates only, no division or logarithm:
+    gates near 0 underflow to an exact 0 (the prefix forgotten), never to a NaN."""
+    t, k = a.size(1), 1
+    while k < t:
+        # the steps that compose with the step k before them (k after them, reversed), and those
+        into, source = (slice(0, t - k), slice(k, t)) if reverse else (slice(k, t), slice(0, t - k))
+        b_next = b.clone()
+        torch.addcmul(b[:, into], a[:, into], b[:, source], out=b_next[:, into])
+        if 2 * k < t:  # the last round's products are never read
+            a_next = a.clone()
+            torch.mul(a[:, into], a[:, source], out=a_next[:, into])
+            a = a_next
+        b, k = b_next, 2 * k
+    return b
+
+
+def scan_forward_doubling(f: torch.Tensor, hr: torch.Tensor, c0: torch.Tensor) -> torch.Tensor:
+    """:func:`scan_forward_loop`'s cells by :func:`doubling_scan`, c0 folded into the first input."""
+    first = torch.addcmul(hr[:, :1], f[:, :1], c0.unsqueeze(1))
+    return doubling_scan(f, torch.cat([first, hr[:, 1:]], dim=1))
+
+
+def scan_backward_doubling(f: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """:func:`scan_backward_loop`'s totals by :func:`doubling_scan` run from the end (step t's
+    factor is f_{t+1}; nothing follows the last step)."""
+    following = torch.cat([f[:, 1:], torch.zeros_like(f[:, :1])], dim=1)
+    return doubling_scan(following, grad, reverse=True)
+
+
+def _torchscript(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``fn`` compiled with TorchScript: measured fastest on a CPU (docs/benchmarks.md), deprecated in
+    torch 2.13 (its DeprecationWarning is silenced here; the plain loops are the documented fallback)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         return torch.jit.script(fn)
 
 
-class LinearScan(torch.autograd.Function):
-    """Eq. 16 with a hand-written backward: the loops run without recording an autograd graph;
-    ``kernels`` are the (forward, backward) loops (compiled by default)."""
+ScanKernels = tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]  # (forward, backward)
+SCAN_KERNELS: dict[str, ScanKernels] = {
+    "packed": (_torchscript(scan_forward_loop), _torchscript(scan_backward_loop)),
+    "fused": (scan_forward_doubling, scan_backward_doubling),
+}
 
-    kernels = (_compiled(scan_forward_loop), _compiled(scan_backward_loop))
 
-    @classmethod
-    def forward(
-        cls, ctx: torch.autograd.function.FunctionCtx, f: torch.Tensor, hr: torch.Tensor, c0: torch.Tensor
-    ) -> torch.Tensor:
-        """Cells c [G, T, ...] of eq. 16; saves f, c and c0 for :meth:`backward`."""
-        c = cls.kernels[0](f, hr, c0)
-        ctx.save_for_backward(f, c, c0)
-        return c
+def scan_kernels(device: torch.device) -> ScanKernels:
+    """The (forward, backward) kernels of eq. 16 on ``device``'s kernel path."""
+    return SCAN_KERNELS["fused" if devices.fused(device) else "packed"]
 
-    @classmethod
-    def backward(
-        cls, ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Gradients of (f, hr, c0): ``total_t ⊙ c_{t−1}``, ``total_t`` and ``total_1 ⊙ f_1``."""
-        f, c, c0 = ctx.saved_tensors
-        total = cls.kernels[1](f, grad.contiguous())
-        previous = torch.cat([c0.unsqueeze(1), c[:, :-1]], dim=1)  # c_{t-1}
-        return total * previous, total, total[:, 0] * f[:, 0]
+
+def scan_cells(f: torch.Tensor, hr: torch.Tensor, c0: torch.Tensor) -> torch.Tensor:
+    """Cells c [G, T, ...] of eq. 16 by the kernel path's forward kernel: the body of :data:`scan_op`."""
+    return scan_kernels(f.device)[0](f, hr, c0)
+
+
+def scan_totals(f: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """dL/dc_t in total by the kernel path's backward kernel: the body of :data:`scan_backward_op`."""
+    return scan_kernels(f.device)[1](f, grad.contiguous())
+
+
+scan_op = torch.library.custom_op("onmt_doc::hplstm_scan", scan_cells, mutates_args=())
+scan_backward_op = torch.library.custom_op("onmt_doc::hplstm_scan_backward", scan_totals, mutates_args=())
+
+
+@scan_op.register_fake
+def _scan_shape(f: torch.Tensor, hr: torch.Tensor, c0: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(hr)
+
+
+@scan_backward_op.register_fake
+def _scan_backward_shape(f: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(grad)
+
+
+def cell_gradients(
+    f: torch.Tensor, c: torch.Tensor, c0: torch.Tensor, total: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of (f, hr, c0) from the cells and dL/dc in total: ``total_t ⊙ c_{t−1}``,
+    ``total_t`` and ``total_1 ⊙ f_1``."""
+    previous = torch.cat([c0.unsqueeze(1), c[:, :-1]], dim=1)  # c_{t-1}
+    return total * previous, total, total[:, 0] * f[:, 0]
+
+
+def _save_for_backward(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: torch.Tensor) -> None:
+    f, _, c0 = inputs
+    ctx.save_for_backward(f, output, c0)
+
+
+def _scan_backward(
+    ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    f, c, c0 = ctx.saved_tensors
+    return cell_gradients(f, c, c0, scan_backward_op(f, grad))
+
+
+scan_op.register_autograd(_scan_backward, setup_context=_save_for_backward)
 
 
 def linear_scan(f: torch.Tensor, hr: torch.Tensor, c0: Optional[torch.Tensor] = None) -> torch.Tensor:
     """All cells of eq. 16 for ``f``, ``hr`` ``[G, T, ...]`` (time on dim 1); ``c0`` ``[G, ...]``
-    is the cell before the first step (zeros if None). Exact: the same multiply-adds as a
-    step-by-step loop, no division or logarithm of the gates, so f → 0 cannot underflow into
-    NaNs or infinities."""
+    is the cell before the first step (zeros if None). No division or logarithm of the gates, so
+    f → 0 cannot underflow into NaNs or infinities; on the packed path the same multiply-adds as a
+    step-by-step loop, on the fused path the same products in another order (float rounding)."""
     if c0 is None:
         c0 = torch.zeros_like(hr[:, 0])
     if f.size(1) == 1:  # a decoding step: no scan machinery
         return torch.addcmul(hr, f, c0.unsqueeze(1))
-    return LinearScan.apply(f, hr, c0)
+    return scan_op(f, hr, c0)
 
 
 # ----------------------------------------------------------------------------- the module

@@ -13,10 +13,12 @@ the ``step_ops`` benchmark reports operators and syncs per step for every model
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from onmt_doc.modules import hplstm
 
 _ALWAYS = {  # operators that read the device, or whose output size depends on the data
     "aten._local_scalar_dense",  # .item(), int(t), float(t), bool(t)
@@ -71,3 +73,19 @@ class OpCounter(TorchDispatchMode):
         if is_host_sync(func, args, kwargs):
             self.sync_ops[str(func.overloadpacket)] += 1
         return func(*args, **kwargs)
+
+
+def count_inside(op: Any, body: Callable[..., Any]) -> None:
+    """Make :class:`OpCounter` count the operators that ``body``, the Python body of our custom
+    operator ``op``, dispatches, instead of ``op`` itself: a device launches those, and a mode sees
+    nothing inside an operator it lets run."""
+
+    def run_counted(mode: OpCounter, func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
+        with mode:
+            return body(*args, **kwargs)
+
+    op.register_torch_dispatch(OpCounter, run_counted)
+
+
+count_inside(hplstm.scan_op, hplstm.scan_cells)  # MHPLSTM's cell scan: a loop or recursive doubling
+count_inside(hplstm.scan_backward_op, hplstm.scan_totals)
