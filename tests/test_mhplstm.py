@@ -210,6 +210,26 @@ def test_the_scan_continues_from_a_cell_at_every_length(path):
 
 
 @pytest.mark.parametrize("path", devices.PATHS)
+def test_the_scan_operators_pass_torchs_custom_operator_checks(path):
+    """``torch.library.opcheck`` on both scan operators with head-major (non-contiguous) inputs, as the
+    sublayer passes them: schema, fake (traced) shapes and strides against the real kernels, autograd
+    registration and AOT dispatch. A fake output with the input's strides passed eager tests and failed
+    only inside an inductor-compiled backward."""
+    from onmt_doc.modules.hplstm import scan_backward_op, scan_op
+
+    g = torch.Generator().manual_seed(5)
+
+    def head_major(*shape: int) -> torch.Tensor:  # [B, T, H, d] storage seen as [H, T, B, d]
+        return torch.rand(*shape, generator=g).permute(2, 1, 0, 3)
+
+    f, hr = head_major(3, 6, 2, 4), head_major(3, 6, 2, 4)
+    c0 = torch.randn(2, 3, 4, generator=g)
+    with devices.forced_path(path):
+        torch.library.opcheck(scan_op, (f.requires_grad_(), hr.requires_grad_(), c0.requires_grad_()))
+        torch.library.opcheck(scan_backward_op, (f.detach(), head_major(3, 6, 2, 4)))
+
+
+@pytest.mark.parametrize("path", devices.PATHS)
 def test_torch_compile_traces_the_sublayer_in_one_graph(path):
     """``torch.compile`` sees the cell scan as one operator: the sublayer's forward is one graph on
     either kernel path (a TorchScript function cut it into five at one layer, eleven graphs for a

@@ -181,26 +181,28 @@ def scan_kernels(device: torch.device) -> ScanKernels:
 
 def scan_cells(f: torch.Tensor, hr: torch.Tensor, c0: torch.Tensor) -> torch.Tensor:
     """Cells c [G, T, ...] of eq. 16 by the kernel path's forward kernel: the body of :data:`scan_op`."""
-    return scan_kernels(f.device)[0](f, hr, c0)
+    return scan_kernels(f.device)[0](f.contiguous(), hr.contiguous(), c0.contiguous())
 
 
 def scan_totals(f: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
     """dL/dc_t in total by the kernel path's backward kernel: the body of :data:`scan_backward_op`."""
-    return scan_kernels(f.device)[1](f, grad.contiguous())
+    return scan_kernels(f.device)[1](f.contiguous(), grad.contiguous())
 
 
 scan_op = torch.library.custom_op("onmt_doc::hplstm_scan", scan_cells, mutates_args=())
 scan_backward_op = torch.library.custom_op("onmt_doc::hplstm_scan_backward", scan_totals, mutates_args=())
 
 
+# what torch.compile traces in place of the bodies: both return contiguous tensors of the input's
+# shape (the kernels work on contiguous copies; a compiled graph asserts the strides it was told)
 @scan_op.register_fake
 def _scan_shape(f: torch.Tensor, hr: torch.Tensor, c0: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(hr)
+    return hr.new_empty(hr.shape)
 
 
 @scan_backward_op.register_fake
 def _scan_backward_shape(f: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(grad)
+    return grad.new_empty(grad.shape)
 
 
 def cell_gradients(
