@@ -84,6 +84,10 @@ class ModelSpeedParams:
     decode_sentences: int = 64  # 0: no decoding
     decode_words: list = field(default_factory=list)  # random decoding sources' [lo, hi) (default: sentence_words)
     decode_batch: int = 64  # sentences per decoding batch (whole documents)
+    # document-unit models (the G-Transformer, which takes a document's sentences one after another in one
+    # sequence): this many documents per decoding batch instead (0: decode_batch sentences, like every model);
+    # set to decode_batch, a batch holds as many rows as the sentence models' (beam × decode_batch)
+    decode_document_batch: int = 0
     beam: int = 4
     repeats: int = 2  # timed decoding passes (median), in rotation
     matmul_n: int = 8192  # n of the n×n×n products timed for the peaks of the MFU
@@ -418,7 +422,8 @@ def _step_fn(model, cfg, device: str, amp: str, scope: Callable = lambda name, f
 
 
 def decode_slice(run: Run, built: dict, data: SpeedData, p: ModelSpeedParams, ctx: StageContext) -> dict:
-    """One timed beam-search pass over the decoding documents, in batches of whole documents, outputs
+    """One timed beam-search pass over the decoding documents, in batches of whole documents (about
+    ``decode_batch`` sentences, or ``decode_document_batch`` documents for a document-unit model), outputs
     forced to the source length (set up, with one warm-up batch, at the first)."""
 
     from onmt_doc.translate.search import BeamSearch
@@ -429,9 +434,12 @@ def decode_slice(run: Run, built: dict, data: SpeedData, p: ModelSpeedParams, ct
         if not getattr(model, "_end_lowered", False):  # once per model
             model._end_lowered = shift_ends(model)
         groups, current = [], []
-        for doc in docs:  # about decode_batch sentences each
+        by_documents = bool(p.decode_document_batch) and model.unit == "document"
+        for doc in docs:  # about decode_batch sentences each, or decode_document_batch documents
             current.append(doc)
-            if sum(len(d) for d in current) >= p.decode_batch:
+            if by_documents and len(current) >= p.decode_document_batch:
+                groups, current = groups + [current], []
+            elif not by_documents and sum(map(len, current)) >= p.decode_batch:
                 groups, current = groups + [current], []
         batches = [data.instance_batch(model.unit, g).to(device) for g in groups + [current] * bool(current)]
         search = BeamSearch(beam=p.beam, max_len_ratio=1.0, max_len_add=0)
