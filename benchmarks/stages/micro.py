@@ -4,7 +4,8 @@ rotation in one process (:func:`benchmarks.stages.speed.rotate`), so drift hits 
 - ``hplstm_scan``: the candidates for the MHPLSTM cell recurrence ``c_t = c_{t-1} ⊙ f_t + h_r,t``
   (eq. 16), forward + backward, and their exactness against a float64 loop with forget gates ≈ 0.5,
   ≈ 3e-4 and ≈ 0.9997 (relative to the largest value: with f ≈ 1 the cells grow like a random walk).
-  The library keeps the TorchScript loop with the hand-written backward; the others live here only.
+  The library keeps two, one per kernel path (a TorchScript loop on CPUs, recursive doubling on GPUs),
+  both with the hand-written backward; the others live here only. On any device.
 - ``translate_dtype``: float32 vs bfloat16 weights through the library's ``Translator``; without a
   ``checkpoint`` a random-weight Transformer (speed only) with outputs forced to the source length.
 """
@@ -124,27 +125,32 @@ def scan_candidates() -> dict[str, Callable]:
             f, c, c0 = ctx.saved_tensors
             return cell_gradients(f, c, c0, scan_backward_loop(f, grad.contiguous()))
 
-    def fused_path(f, hr):
-        with devices.forced_path("fused"):
-            return linear_scan(f, hr)
+    def on_path(path: str) -> Callable:
+        def scan(f, hr):
+            with devices.forced_path(path):
+                return linear_scan(f, hr)
+
+        return scan
 
     return {
         "python loop (autograd)": python_loop,
         "doubling (Hillis-Steele)": doubling,
         "chunked (16)": chunked,
         "python loop + hand backward": lambda f, hr: PythonLoopScan.apply(f, hr, torch.zeros_like(hr[:, 0])),
-        "doubling + hand backward (the GPU's fused path)": fused_path,
-        "TorchScript loop + hand backward (kept)": linear_scan,
+        "doubling + hand backward (kept: the fused path, GPUs)": on_path("fused"),
+        "TorchScript loop + hand backward (kept: the packed path, CPUs)": on_path("packed"),
     }
 
 
-def scan_inputs(t: int, p: MicroParams, gate_bias: float = 0.0, tokens: int = 0):
+def scan_inputs(t: int, p: MicroParams, gate_bias: float = 0.0, tokens: int = 0, device: str = "cpu"):
+    """(f, h_r) [heads, T, rows · d_head], drawn on the CPU (the same values on every device)."""
     import torch
 
     g = torch.Generator().manual_seed(t)
     n = max((tokens or p.tokens) // t, 1) * p.d_head
     f = torch.sigmoid(torch.randn(p.heads, t, n, generator=g) + gate_bias)
-    return f.requires_grad_(), torch.randn(p.heads, t, n, generator=g).requires_grad_()
+    hr = torch.randn(p.heads, t, n, generator=g)
+    return f.to(device).requires_grad_(), hr.to(device).requires_grad_()
 
 
 def scan_fwd_bwd(scan: Callable, f, hr) -> tuple:
@@ -152,17 +158,17 @@ def scan_fwd_bwd(scan: Callable, f, hr) -> tuple:
 
     f.grad = hr.grad = None
     c = scan(f, hr)
-    (c * torch.linspace(-1, 1, c.size(1), dtype=c.dtype).view(1, -1, 1)).sum().backward()
+    (c * torch.linspace(-1, 1, c.size(1), dtype=c.dtype, device=c.device).view(1, -1, 1)).sum().backward()
     return c.detach(), f.grad.clone(), hr.grad.clone()
 
 
-def scan_error(scan: Callable, p: MicroParams, gate_bias: float) -> float:
-    """Largest difference to the float64 loop relative to the largest reference value (with f ≈ 1 the
-    cells grow like a random walk, so absolute errors would mislead)."""
-    f, hr = scan_inputs(p.exact_length, p, gate_bias, tokens=512)
+def scan_error(scan: Callable, p: MicroParams, gate_bias: float, device: str) -> float:
+    """Largest difference to the float64 loop on the CPU relative to the largest reference value (with
+    f ≈ 1 the cells grow like a random walk, so absolute errors would mislead)."""
+    f, hr = scan_inputs(p.exact_length, p, gate_bias, tokens=512, device=device)
     got = scan_fwd_bwd(scan, f, hr)
-    ref = scan_fwd_bwd(python_loop, *(x.detach().double().requires_grad_() for x in (f, hr)))
-    return max(float((a.double() - b).abs().max() / b.abs().max()) for a, b in zip(got, ref))
+    ref = scan_fwd_bwd(python_loop, *(x.detach().cpu().double().requires_grad_() for x in (f, hr)))
+    return max(float((a.cpu().double() - b).abs().max() / b.abs().max()) for a, b in zip(got, ref))
 
 
 def hplstm_scan(p: MicroParams, ctx: StageContext) -> None:
@@ -171,17 +177,17 @@ def hplstm_scan(p: MicroParams, ctx: StageContext) -> None:
     candidates = scan_candidates()
     if p.exact_length:
         for name, scan in candidates.items():
-            errs = [scan_error(scan, p, bias) for bias in (0.0, -8.0, 8.0)]
+            errs = [scan_error(scan, p, bias, ctx.device) for bias in (0.0, -8.0, 8.0)]
             ctx.record(
                 what="exactness", candidate=name, T=p.exact_length, f_half=errs[0], f_3e_4=errs[1], f_near_1=errs[2]
             )
     ms: dict[str, dict[str, float]] = {name: {} for name in candidates}
     for t in p.lengths:
-        f, hr = scan_inputs(t, p)
+        f, hr = scan_inputs(t, p, device=ctx.device)
         fns = {name: (lambda s=scan: scan_fwd_bwd(s, f, hr)) for name, scan in candidates.items()}
         for fn in fns.values():
             fn()  # warm-up (TorchScript compiles on first call)
-        times = rotate(fns, p.repeats)
+        times = rotate(fns, p.repeats, ctx.device)
         for name, ts in times.items():
             ms[name][f"ms_T{t}"] = 1e3 * statistics.median(wall for wall, _ in ts)
         ctx.record(what="scan_length", T=t, rows=f.size(2) // p.d_head, **{n: ms[n][f"ms_T{t}"] for n in ms})
