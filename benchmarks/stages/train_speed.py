@@ -27,7 +27,7 @@ from typing import Optional
 
 from benchmarks.stages.documents import DocumentsParams, prepare
 from benchmarks.stages.environment import EnvironmentParams, matmul_peak
-from benchmarks.stages.training import checkpoint, free_memory, share_vocab, system_config, train_system
+from benchmarks.stages.training import Profile, checkpoint, free_memory, share_vocab, system_config, train_system
 from benchmarks.suite.stage import StageContext, gpu_name, stage
 from benchmarks.suite.text_files import read_lines, tokenizer, write_lines
 
@@ -105,7 +105,11 @@ def our_run(p: TrainSpeedParams, ctx: StageContext, run: dict, data: dict, vocab
         "log": {"dir": run_dir, "every": p.log_every},
     }  # fmt: skip
     raw = system_config(ctx, ctx.systems[run["system"]], layer, run.get("overrides", {}))
-    summary = train_system(ctx, raw)
+    # profile_steps: where a step's time goes (torch.profiler, device kernels on CUDA), steps profile_skip + 1
+    # onwards: inside the warm-up, whose report intervals the rates leave out (the profiler slows them)
+    steps = int(run.get("profile_steps", 0))
+    profile = Profile(ctx, run["name"], int(run.get("profile_skip", 5)), steps) if steps else None
+    summary = train_system(ctx, raw, profile)
     rates = steady_rates(os.path.join(run_dir, "metrics.jsonl"), float(run.get("warmup", p.warmup_seconds)))
     params = load_model(checkpoint(run_dir))[0].n_params()
     cfg = raw["train"]

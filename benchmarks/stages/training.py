@@ -118,14 +118,15 @@ class Profile:
         if calls[0] >= self.skip + self.steps:
             self._record(prof, window[0])
         else:
-            self.ctx.record(system=self.system, profile="skipped", why=f"only {calls[0]} steps")
+            self.ctx.record(what="profile", system=self.system, profile="skipped", why=f"only {calls[0]} steps")
 
     def _record(self, prof, seconds: float) -> None:
         n = self.steps
         events = prof.key_averages()
         device = lambda e: getattr(e, "self_device_time_total", 0.0) or 0.0  # noqa: E731
         busy = sum(device(e) for e in events) / 1e3 / n
-        self.ctx.record(system=self.system, profile="summary", step_ms=1e3 * seconds / n, device_busy_ms=busy)
+        self.ctx.record(what="profile", system=self.system, profile="summary", step_ms=1e3 * seconds / n,
+                        device_busy_ms=busy)  # fmt: skip
         chosen = sorted(events, key=device, reverse=True)[: self.top] if busy else []
         chosen += [e for e in sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[: self.top]]
         seen = set()
@@ -133,7 +134,7 @@ class Profile:
             if e.key in seen:
                 continue
             seen.add(e.key)
-            self.ctx.record(system=self.system, profile="op", op=e.key[:80], calls=e.count / n,
+            self.ctx.record(what="profile", system=self.system, profile="op", op=e.key[:80], calls=e.count / n,
                             cpu_ms=e.self_cpu_time_total / 1e3 / n, device_ms=device(e) / 1e3 / n)  # fmt: skip
 
 
