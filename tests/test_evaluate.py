@@ -455,3 +455,61 @@ def test_bleu_confidence_interval_around_sacrebleus_corpus_bleu():
     assert bleu_ci(hyp_docs, ref_docs, samples=300) == (point, low, high)
     few = bleu_ci(hyp_docs[:10], ref_docs[:10], samples=300)
     assert few[2] - few[1] > high - low
+
+
+# ------------------------------------------------------------------------------ CXMI while training
+def _valid_rows(run: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    return [r for r in rows if r["event"] == "valid"]
+
+
+@pytest.mark.parametrize("model", ["g_transformer", "transformer"])
+def test_valid_cxmi_is_the_cxmi_of_that_steps_model_on_the_first_valid_sentences(model, toy_dir, tmp_path):
+    """``train.valid_cxmi: N`` reports at each validation the CXMI of the model as it is at that step
+    over the first N sentences of the document validation set in order (whole documents, the last one
+    cut): the same figure `onmt_doc.evaluation.cxmi` gives for the saved checkpoint of that step on
+    those sentences; exactly 0 for a sentence model, which reads no context."""
+    from onmt_doc.config import config_from_dict
+    from onmt_doc.evaluation.cxmi import cxmi
+    from onmt_doc.train.trainer import train
+
+    steps, n = 30, 23
+    parts = G_TINY if model == "g_transformer" else {}
+    cfg = tiny_config(
+        toy_dir,
+        tmp_path,
+        data={"max_tokens": 96},
+        model={"d_model": 64, **parts},
+        train={"max_steps": steps, "valid_every": 15, "save_every": 15, "valid_cxmi": n},
+        log={"metrics_file": "metrics.jsonl"},
+    )
+    train(config_from_dict(cfg))
+    valids = _valid_rows(tmp_path)
+    assert [r["step"] for r in valids] == [15, 30] and all("cxmi" in r for r in valids)
+    docs, left = [], n
+    for doc in iter_parallel(str(toy_dir / "valid.src"), str(toy_dir / "valid.tgt")):
+        if doc and left > 0:
+            docs.append(doc[:left])
+            left -= len(docs[-1])
+    assert sum(map(len, docs)) == n and len(docs) > 1
+    for row in valids:
+        want = cxmi(_translator_at(tmp_path, row["step"]), docs)["cxmi"]
+        assert abs(row["cxmi"] - want) < 1e-6, (row, want)
+    if model == "transformer":
+        assert all(r["cxmi"] == 0.0 for r in valids)
+    else:
+        assert valids[0]["cxmi"] != valids[1]["cxmi"]  # the model of each step, not one model twice
+
+
+def _translator_at(run: Path, step: int) -> Translator:
+    model, cfg, codec = load_model(str(run / "checkpoints" / f"step_{step}.pt"))
+    return Translator(model, codec, cfg)
+
+
+def test_valid_cxmi_without_a_document_validation_set_is_a_config_error(toy_dir, tmp_path):
+    from onmt_doc.config import config_from_dict
+    from onmt_doc.errors import ConfigError
+
+    cfg = tiny_config(toy_dir, tmp_path, data={"documents": False}, train={"valid_cxmi": 10})
+    with pytest.raises(ConfigError, match=r"train\.valid_cxmi: needs a validation set of documents"):
+        config_from_dict(cfg)

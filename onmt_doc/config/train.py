@@ -69,6 +69,15 @@ class TrainConfig:
     valid_beam: int = option(
         1, f"beam for validation BLEU (1 = greedy, fast); at most {MAX_BEAM}", minimum=1, maximum=MAX_BEAM
     )
+    valid_cxmi: int = option(
+        0,
+        "at each validation, score the first this many sentences of each document validation set with and "
+        "without their preceding sentences and report CXMI (`valid/cxmi`, nats per target token: how much the "
+        "model reads its context; 0 for a sentence model; docs/evaluation.md): whether a document model has "
+        "started to use context or is still a sentence model; 0 = off. The cost is two forced decodings of "
+        "those sentences",
+        minimum=0,
+    )
     save_every: int = option(
         1000,
         "write `step_N.pt` and `last.pt` every this many steps (and at `max_steps` and when early stopping)",
@@ -172,7 +181,13 @@ class TrainConfig:
                 f"{path}.static_shapes: for sentence-level models only, not the {root.model.resolved_unit()} unit "
                 "(its batch rows belong to documents: added rows would change them)"
             )
-        names = [c.name for c in root.data.corpora("valid")]
+        valid = root.data.corpora("valid")
+        if self.valid_cxmi and not any(c.documents for c in valid):
+            raise ConfigError(
+                f"{path}.valid_cxmi: needs a validation set of documents (data.documents: true, or a valid "
+                "corpus' own documents: true): CXMI compares sentences with and without their document's context"
+            )
+        names = [c.name for c in valid]
         if self.best_on is not None and self.best_on not in names:
             raise ConfigError(
                 f"{path}.best_on: no validation set '{self.best_on}'{closest(self.best_on, names)} "

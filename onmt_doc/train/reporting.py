@@ -147,7 +147,7 @@ class Reporter:
             "validation at step %d%s: %s",
             step,
             f" on {name}" if name else "",
-            " | ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()),
+            " | ".join(f"{k} {_shown(v)}" for k, v in metrics.items()),
         )
 
     def epoch(self, step: int, epoch: int, counts: dict) -> None:
@@ -169,3 +169,10 @@ class Reporter:
             self.writer.close()
         if self.metrics:
             self.metrics.close()
+
+
+def _shown(value: object) -> str:
+    """A metric for the console: two decimals, four below 0.1 (CXMI is a few hundredths of a nat)."""
+    if not isinstance(value, float):
+        return str(value)
+    return f"{value:.4f}" if 0 < abs(value) < 0.1 else f"{value:.2f}"

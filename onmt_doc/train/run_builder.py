@@ -228,8 +228,10 @@ def load_valid_sets(
 
 
 def valid_metrics(cfg: Config, codec: Codec, device: torch.device) -> list[ValidMetric]:
-    """The validation metrics beyond the losses that ``cfg`` asks for: BLEU with ``train.valid_bleu``."""
-    return [bleu_metric(cfg, codec, device)] if cfg.train.valid_bleu else []
+    """The validation metrics beyond the losses that ``cfg`` asks for: BLEU with ``train.valid_bleu``,
+    CXMI with ``train.valid_cxmi``."""
+    metrics = [bleu_metric(cfg, codec, device)] if cfg.train.valid_bleu else []
+    return metrics + ([cxmi_metric(cfg, codec, device)] if cfg.train.valid_cxmi else [])
 
 
 def bleu_metric(cfg: Config, codec: Codec, device: torch.device) -> ValidMetric:
@@ -246,6 +248,27 @@ def bleu_metric(cfg: Config, codec: Codec, device: torch.device) -> ValidMetric:
         return {"bleu": report(hyps, refs, v.documents)["bleu"]}
 
     return bleu
+
+
+def cxmi_metric(cfg: Config, codec: Codec, device: torch.device) -> ValidMetric:
+    """CXMI (``onmt_doc.evaluation.cxmi``) of the current model on the first ``train.valid_cxmi``
+    sentences of a document validation set, in document order (the last document cut where the count
+    ends: its sentences keep their preceding context). A sentence-level set reports none."""
+    from onmt_doc.evaluation.cxmi import cxmi
+
+    def metric(model: torch.nn.Module, v: ValidSet) -> dict:
+        if not v.documents or not v.docs:
+            return {}
+        docs, left = [], cfg.train.valid_cxmi
+        for doc in v.docs:
+            if left <= 0:
+                break
+            docs.append(doc[:left])
+            left -= len(docs[-1])
+        translator = Translator(model, codec, cfg, cfg.translate, device)
+        return {"cxmi": cxmi(translator, [d for d in docs if d])["cxmi"]}
+
+    return metric
 
 
 def valid_pictures(cfg: Config, codec: Codec, device: torch.device) -> Optional[ValidPictures]:

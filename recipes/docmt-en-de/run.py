@@ -251,8 +251,9 @@ def train(
            wall_s=time.time() - t0, words_per_s=sum(r.get("words", 0) for r in trains) / max(seconds, 1e-9),
            last_train_loss=trains[-1]["loss"] if trains else None,
            best_valid_loss=min((r["loss"] for r in valids), default=None))  # fmt: skip
-    for r in valids:  # the curve: did it stop learning or run out of budget?
-        record(system=name, curve="valid", at_step=r["step"], valid_loss=r["loss"], valid_ppl=r.get("ppl"))
+    for r in valids:  # the curve: did it stop learning or run out of budget? (and, with CXMI, start reading context?)
+        record(system=name, curve="valid", at_step=r["step"], valid_loss=r["loss"], valid_ppl=r.get("ppl"),
+               valid_cxmi=r.get("cxmi"))  # fmt: skip
     best = os.path.join(run_dir, "checkpoints", "best.pt")
     return best if os.path.exists(best) else os.path.join(run_dir, "checkpoints", "last.pt")
 
