@@ -513,3 +513,10 @@ def test_valid_cxmi_without_a_document_validation_set_is_a_config_error(toy_dir,
     cfg = tiny_config(toy_dir, tmp_path, data={"documents": False}, train={"valid_cxmi": 10})
     with pytest.raises(ConfigError, match=r"train\.valid_cxmi: needs a validation set of documents"):
         config_from_dict(cfg)
+
+
+def test_the_console_shows_small_metrics_with_four_decimals():
+    """A CXMI of 0.004 nats would print as 0.00 with the losses' two decimals."""
+    from onmt_doc.train.reporting import _shown
+
+    assert [_shown(v) for v in (2.3456, 0.0123, 0.0, -0.004, 12)] == ["2.35", "0.0123", "0.00", "-0.0040", "12"]
