@@ -437,9 +437,8 @@ def decode_slice(run: Run, built: dict, data: SpeedData, p: ModelSpeedParams, ct
         by_documents = bool(p.decode_document_batch) and model.unit == "document"
         for doc in docs:  # about decode_batch sentences each, or decode_document_batch documents
             current.append(doc)
-            if by_documents and len(current) >= p.decode_document_batch:
-                groups, current = groups + [current], []
-            elif not by_documents and sum(map(len, current)) >= p.decode_batch:
+            size = len(current) if by_documents else sum(map(len, current))
+            if size >= (p.decode_document_batch if by_documents else p.decode_batch):
                 groups, current = groups + [current], []
         batches = [data.instance_batch(model.unit, g).to(device) for g in groups + [current] * bool(current)]
         search = BeamSearch(beam=p.beam, max_len_ratio=1.0, max_len_add=0)
