@@ -40,8 +40,9 @@ import it and no contract drags in an implementation.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 import numpy as np
 import torch
@@ -50,6 +51,22 @@ from torch import nn
 from onmt_doc.devices import fused
 
 TARGET_ROWS_MULTIPLE = 8  # the output layer's row count is padded to this (see Batch.tgt_index)
+
+
+def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``value`` with ``fn`` applied to every tensor inside it: a tensor, or lists, tuples, dicts and
+    dataclass instances (the parts' host plans) holding tensors; anything else (numbers, numpy
+    arrays) is kept as it is. How a batch and its plans move to a device or to pinned memory."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(map_tensors(v, fn) for v in value)
+    if isinstance(value, dict):
+        return {k: map_tensors(v, fn) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changed = {f.name: map_tensors(getattr(value, f.name), fn) for f in fields(value) if f.init}
+        return dataclasses.replace(value, **changed)
+    return value
 
 
 @dataclass
@@ -87,6 +104,10 @@ class Batch:
     # the host (CPU) batch this one was copied from by :meth:`to`: parts that plan on the host (the
     # fused group attention's sentence offsets) read it instead of reading the device
     host: Optional["Batch"] = field(default=None, repr=False, compare=False)
+    # the parts' plans for the fused path, made on the host before the batch moves to the device
+    # (``EncoderDecoder.prepare``: the trainer's prefetch thread on a GPU), keyed by name; a part
+    # without its plan here makes it in its forward, where a compiled forward leaves its graph for it
+    plans: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def size(self) -> int:
@@ -94,32 +115,21 @@ class Batch:
         return self.src.size(0)
 
     def to(self, device: torch.device) -> "Batch":
-        """The same batch with every tensor on ``device``; asynchronous from pinned memory
-        (:meth:`pin_memory`), so the host can prepare the next step meanwhile."""
-        moved = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, torch.Tensor):
-                value = value.to(device, non_blocking=True)
-            elif f.name == "extra":
-                value = {k: v.to(device, non_blocking=True) for k, v in value.items()}
-            moved[f.name] = value
-        moved["host"] = self if self.src.device.type == "cpu" else self.host
-        return Batch(**moved)
+        """The same batch with every tensor (its plans' too) on ``device``; asynchronous from pinned
+        memory (:meth:`pin_memory`), so the host can prepare the next step meanwhile."""
+        moved = self._mapped(lambda t: t.to(device, non_blocking=True))
+        moved.host = self if self.src.device.type == "cpu" else self.host
+        return moved
 
     def pin_memory(self) -> "Batch":
         """The same batch in page-locked host memory, from which :meth:`to` copies to a GPU without
         blocking (the trainer's prefetching thread pins each batch it prepares)."""
-        pinned = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, torch.Tensor):
-                value = value.pin_memory()
-            elif f.name == "extra":
-                value = {k: v.pin_memory() for k, v in value.items()}
-            pinned[f.name] = value
-        pinned["host"] = None
-        return Batch(**pinned)
+        return self._mapped(lambda t: t.pin_memory())
+
+    def _mapped(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "Batch":
+        """The batch with ``fn`` applied to every tensor of its fields (``host`` left out: None)."""
+        values = {f.name: map_tensors(getattr(self, f.name), fn) for f in fields(self) if f.name != "host"}
+        return Batch(**values)
 
 
 @dataclass

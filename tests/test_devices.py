@@ -48,3 +48,31 @@ def test_a_cuda_device_handed_to_the_api_turns_cudnn_attention_off_too(cudnn_att
     with pytest.raises(UserError):
         Translator.load(str(tmp_path / "missing.pt"), torch.device("cuda", 0))
     assert not torch.backends.cuda.cudnn_sdp_enabled()
+
+
+@pytest.mark.devices
+def test_a_batch_moves_with_its_host_plans(device):
+    """``Batch.to`` (and on a GPU ``pin_memory`` first, as the prefetch thread does) moves every tensor
+    of the batch's plans, however nested (dataclasses in lists in dicts: HM-GDC's encoder plan), and
+    keeps their host numbers and numpy arrays: a plan left on the host would make the step copy or fail."""
+    import numpy as np
+
+    from onmt_doc.data.batching import collate
+    from onmt_doc.data.instances import Example
+    from onmt_doc.modules.document_packing import plan_document_rows
+    from onmt_doc.modules.varlen_attention import plan_self_segments
+
+    batch = collate(
+        [Example(np.array([5, 6, 7]), np.array([8, 9]), 0, 0, 1), Example(np.array([5]), np.array([6]), 0, 1, 1)]
+    )
+    rows = plan_document_rows([(2, 3)], [np.array([0, 0])], 1, "cpu")
+    segments = plan_self_segments(batch.src_groups, batch.src.ne(0), causal=False)
+    batch.plans = {"segments": segments, "nested": {"rows": [rows]}}
+    host = batch.pin_memory() if device.type == "cuda" else batch
+    moved = host.to(device)
+    assert moved.host is host and moved.src.device.type == device.type
+    got, nested = moved.plans["segments"], moved.plans["nested"]["rows"][0]
+    assert got.q_pos.device.type == device.type and got.max_q == segments.max_q and got.causal is False
+    assert nested.packing.index.device.type == device.type and nested.packing.docs == 1
+    assert isinstance(nested.docs[0], np.ndarray) and np.array_equal(nested.docs[0], rows.docs[0])
+    assert torch.equal(got.cu_q.cpu(), segments.cu_q) and batch.plans["segments"] is segments  # a copy, not a move

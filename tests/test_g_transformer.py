@@ -19,7 +19,7 @@ from onmt_doc.errors import ConfigError
 from onmt_doc.models.checkpoint import load_model
 from onmt_doc.models.model import full_log_probs
 from onmt_doc.modules import analysis
-from onmt_doc.modules.group_attention import group_attend, plan_cross, plan_self
+from onmt_doc.modules.group_attention import DEC_CROSS, DEC_SELF, ENC_SELF, group_attend, plan_cross, plan_self
 from onmt_doc.modules.word_dropout import word_dropout
 from onmt_doc.train.trainer import train
 from onmt_doc.translate.search import BeamSearch
@@ -463,26 +463,35 @@ def test_analysis_records_entropy_only_when_collecting():
     assert 0.0 < mean["gate/enc_self"] < 1.0
 
 
-def test_a_compiled_forward_leaves_its_graph_only_for_host_plans_and_equals_eager():
-    """``train.compile`` on the fused (GPU) path: torch.compile traces the G-Transformer's forward in
-    pieces split only where the host plans the group attention (``self_plan``, ``cross_plan``), and
-    the traced forward and backward compute what the eager ones do (the GPU spec's compiled run and
-    a user's ``train.compile: on`` would otherwise fail, or silently split, only on a GPU)."""
+def test_a_compiled_forward_of_a_prepared_batch_is_one_graph_and_equals_eager():
+    """``train.compile`` on the fused (GPU) path: the trainer hands the forward a batch whose sentence
+    offsets were planned on the host beforehand (``EncoderDecoder.prepare``, ``Batch.plans``), and
+    torch.compile traces the G-Transformer's forward in one graph; a batch not prepared (validation)
+    leaves the graph only where the forward plans (``self_plan``, ``cross_plan``). Either way the
+    traced forward and backward compute what the eager ones do (the GPU spec's compiled run and a
+    user's ``train.compile: on`` would otherwise fail, or silently split, only on a GPU)."""
     from onmt_doc import devices
 
     model, _ = random_model(G, seed=3)
     batch = doc_batch()
     with devices.forced_path("fused"):
+        prepared = model.prepare(batch, torch.device("cpu"))
+        assert set(prepared.plans) == {ENC_SELF, DEC_SELF, DEC_CROSS}
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(model)(prepared)
+        assert explained.graph_count == 1, [str(r.reason)[:200] for r in explained.break_reasons]
         torch._dynamo.reset()
         explained = torch._dynamo.explain(model)(batch)
         reasons = [r.reason for r in explained.break_reasons]
         assert reasons and all("function self_plan" in r or "function cross_plan" in r for r in reasons), reasons
         params = list(model.parameters())
         expected = model(batch).logits
+        assert torch.equal(model(prepared).logits, expected)  # the same plans, made earlier
         want = torch.autograd.grad(expected.square().sum(), params, allow_unused=True)
         torch._dynamo.reset()
-        got = torch.compile(model, backend="aot_eager", dynamic=True)(batch).logits
+        got = torch.compile(model, backend="aot_eager", dynamic=True)(prepared).logits
         grads = torch.autograd.grad(got.square().sum(), params, allow_unused=True)
     assert torch.allclose(got, expected, atol=1e-5)
     for a, b in zip(want, grads):
         assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, atol=1e-5))
+    assert model.prepare(batch, torch.device("cpu")).plans == {}  # the packed path plans in its forward

@@ -509,27 +509,33 @@ def test_context_windows_keep_the_output_aligned_line_by_line(hm_run, toy_dir, t
     assert_forced_scores_keep_breaks(Translator(model, codec, saved), toy_dir, tmp_path / "test.scores")
 
 
-@pytest.mark.parametrize("variant", ["both", "document"])
-def test_a_compiled_forward_leaves_its_graph_only_for_the_two_host_plans(variant):
-    """On the fused (GPU) path torch.compile traces HM-GDC's forward in pieces split only where the
-    host plans the batch: once for the encoder (``plan_encoder``: buckets, both packings and the
-    document reading's query plan) and once for the decoder (``plan_document_rows``), whatever the
-    reading; the compiled forward computes what the eager one does. (The encoder read the batch's
-    host copy and planned each packing where it used it: a break at each.)"""
+@pytest.mark.parametrize("variant", ["both", "document", "own_decoder"])
+def test_a_compiled_forward_of_a_prepared_batch_is_one_graph(variant):
+    """On the fused (GPU) path the trainer hands the forward a batch whose packings were planned on the
+    host beforehand (``EncoderDecoder.prepare``, ``Batch.plans``): torch.compile traces HM-GDC's forward
+    in one graph, and it computes what the eager forward of the batch not prepared does. A batch not
+    prepared (validation) leaves the graph where the forward plans: once for the encoder
+    (``plan_encoder``: buckets, both packings and the document reading's query plan) and once for the
+    decoder, whatever the reading (the ``own_sentence`` decoder planned in every layer: 14 graphs)."""
     from onmt_doc import devices
 
     model, _ = random_model(VARIANTS[variant], seed=3)
     batch = context_batch(random_docs([3, 1, 2, 4], seed=2))
     with devices.forced_path("fused"):
+        prepared = model.prepare(batch, torch.device("cpu"))
         torch._dynamo.reset()
-        explained = torch._dynamo.explain(model)(batch)
-        planned = [r.reason for r in explained.break_reasons]
+        explained = torch._dynamo.explain(model)(prepared)
+        assert explained.graph_count == 1, [str(r.reason)[:200] for r in explained.break_reasons]
+        torch._dynamo.reset()
+        planned = [r.reason for r in torch._dynamo.explain(model)(batch).break_reasons]
         assert len(planned) == 2, planned
-        assert "plan_encoder" in planned[0] and "plan_document_rows" in planned[1], planned
+        decoder_plan = "_plan_own_rows" if variant == "own_decoder" else "_plan_rows"
+        assert "plan_encoder" in planned[0] and decoder_plan in planned[1], planned
         with torch.no_grad():
             expected = model(batch).logits
+            assert torch.equal(model(prepared).logits, expected)  # the same plans, made earlier
             torch._dynamo.reset()
-            got = torch.compile(model, backend="eager", dynamic=True)(batch).logits
+            got = torch.compile(model, backend="eager", dynamic=True)(prepared).logits
     assert got.shape == expected.shape and torch.allclose(got, expected, atol=1e-5)
 
 

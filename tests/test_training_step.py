@@ -4,6 +4,8 @@ data order or the resume position, and ``train.compile`` giving the eager step's
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from conftest import init_from_run, make_trainer, tiny_config
@@ -68,25 +70,44 @@ def test_the_statistics_are_read_once_per_progress_line(trained_run, toy_dir, tm
 
 
 def test_prefetching_keeps_the_order_and_the_resume_position(trained_run, toy_dir, tmp_path):
-    """The prefetcher yields the sampler's own batches in its order, across an epoch boundary, and
-    leaves the sampler at the position of the batches consumed (not those read ahead)."""
+    """The prefetcher yields the sampler's own batches in its order, across an epoch boundary, each
+    prepared (the model's host plans) in its thread, and leaves the sampler at the position of the
+    batches consumed (not those read ahead)."""
     trainer = _trainer(trained_run, toy_dir, tmp_path / "pre", {}, train={"batch_tokens": 4096})
     sampler = trainer.sampler
     n = len(sampler.epoch_batches(0)) + 3  # into the second epoch
     plain = [b.src for _, b in zip(range(n), iter(sampler))]
     end_state = sampler.state_dict()
     sampler.load_state_dict({"epoch": 0, "position": 0})
-    prefetcher = Prefetcher(sampler, depth=4, pin=False)
+    prefetcher = Prefetcher(sampler, depth=4, pin=False, prepare=lambda b: replace(b, plans={"rows": b.src.shape[0]}))
     try:
         for i, want in enumerate(plain):
-            got = next(prefetcher).src
-            assert torch.equal(got, want), i
+            got = next(prefetcher)
+            assert torch.equal(got.src, want) and got.plans == {"rows": len(want)}, i  # prepared in the thread
             if i == 5:
                 assert sampler.state_dict() == {"epoch": 0, "position": 6, "seed": sampler.seed}
         assert sampler.state_dict() == end_state and sampler.completed_epochs() == 1
     finally:
         prefetcher.close()
     assert not prefetcher._thread.is_alive()
+
+
+@pytest.mark.parametrize("name", ["g_transformer", "hm_gdc"])
+def test_the_trainer_compiles_a_document_model_step_in_one_graph(name, trained_run, toy_dir, tmp_path, monkeypatch):
+    """On the fused (GPU) path the trainer has each batch's host plans made before its step
+    (``EncoderDecoder.prepare``, in the prefetch thread on a GPU), so ``train.compile`` traces a
+    document model's forward in one graph, for every batch shape: the G-Transformer's forward left its
+    graph for its sentence offsets (6 graphs), HM-GDC's for its packings (5)."""
+    monkeypatch.setattr(devices, "COMPILE_BACKEND", "eager")  # dynamo's graphs, without compiling kernels
+    trainer = _trainer(trained_run, toy_dir, tmp_path / name, MODELS[name], train={"compile": "on", "max_steps": 3})
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with devices.forced_path("fused"):
+        trainer.train()
+    assert trainer.step == 3
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1, dict(
+        torch._dynamo.utils.counters["graph_break"]
+    )
 
 
 @pytest.mark.parametrize("mode", ["on", "graphs"])

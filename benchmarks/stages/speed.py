@@ -388,7 +388,8 @@ def train_slice(run: Run, built: dict, data: SpeedData, p: ModelSpeedParams, ctx
 
 
 def _step_fn(model, cfg, device: str, amp: str, scope: Callable = lambda name, fn: fn) -> Callable:
-    """One training step on a batch (moved to the device inside, as the trainer does); ``scope``
+    """One training step on a batch (its host plans made and the batch moved to the device inside, as
+    the trainer does, here on the step's thread: the trainer's prefetch thread on a GPU); ``scope``
     wraps the loss and the optimizer step (the profile's ranges)."""
     import torch
 
@@ -410,8 +411,10 @@ def _step_fn(model, cfg, device: str, amp: str, scope: Callable = lambda name, f
         opt = build_optimizer(cfg.optim, [{"params": model.parameters()}])
     loss_fn, opt_step = scope("output layer + loss", loss_fn), scope("optimizer", opt.step)
 
+    prepare = getattr(model, "prepare", None)  # None: a library from before the host plans
+
     def step(batch) -> None:
-        b = batch.to(device)
+        b = (prepare(batch, torch.device(device)) if prepare else batch).to(device)
         with _autocast(device, amp):
             loss, _ = loss_fn(model(b), b)
         (loss / max(b.n_tgt_tokens, 1)).backward()

@@ -59,8 +59,10 @@ def step_ops(p: StepOpsParams, ctx: StageContext) -> None:
                     step(batches[1])
                 row = {"model": name, "path": path, "ops_per_step": ops.total, "host_syncs": ops.syncs,
                        "sync_ops": dict(ops.sync_ops), "target_tokens": batches[1].n_tgt_tokens}  # fmt: skip
-                if path == "fused":
-                    row["compiled_graphs"] = _compiled_graphs(model, batches[1])
+                if path == "fused":  # the batch as the trainer hands it over: its host plans made
+                    prepare = getattr(model, "prepare", None)  # None: a library from before them
+                    batch = prepare(batches[1], torch.device(ctx.device)) if prepare else batches[1]
+                    row["compiled_graphs"] = _compiled_graphs(model, batch)
                 if p.decode_sentences:
                     row.update(_decode_counts(model, data, p, OpCounter))
                     model.train()

@@ -4,7 +4,7 @@ every decoder)."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 from torch import nn
@@ -48,6 +48,11 @@ class Decoder(nn.Module):
     def forward(self, tgt_in: torch.Tensor, enc_out: EncoderOut, batch: Batch) -> DecoderOut:  # pragma: no cover
         """Teacher-forced pass: ``tgt_in`` [B, T] (the target shifted right) -> ``hidden`` [B, T, D]."""
         raise NotImplementedError
+
+    def host_plans(self, batch: Batch) -> dict[str, Any]:
+        """What the teacher-forced :meth:`forward` reads from ``batch.plans`` on the fused path, planned
+        from the host batch (see ``Encoder.host_plans``). None by default."""
+        return {}
 
     def init_state(
         self, enc_out: EncoderOut, batch: Batch, limit: Optional[LengthLimit] = None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, ClassVar, Literal, NamedTuple, Optional
+from typing import Any, Callable, ClassVar, Literal, NamedTuple, Optional, Union
 
 import numpy as np
 import torch
@@ -36,6 +36,7 @@ from onmt_doc.modules.attention import KV, MultiHeadAttention
 from onmt_doc.modules.document_packing import (
     DocumentMemory,
     FlatDocuments,
+    RowsPlan,
     attend_documents,
     attend_documents_rows,
     attend_own_document,
@@ -44,7 +45,7 @@ from onmt_doc.modules.document_packing import (
     host_array,
     plan_document_rows,
 )
-from onmt_doc.modules.row_buckets import RowBucket, row_plan, unbucket
+from onmt_doc.modules.row_buckets import RowBucket, row_plan, unbucket, whole_batch
 
 
 @dataclass
@@ -122,6 +123,24 @@ class DocContextDecoderLayer(TransformerDecoderLayer):
         return [self.ff_res(x, self.ff) for x in xs]
 
 
+ROWS_PLAN = "hm_gdc.decoder_rows"  # the decoder's plan in ``Batch.plans`` (made by ``host_plans``)
+
+
+@torch.compiler.disable  # host planning in numpy: outside any compiled graph
+def _plan_rows(
+    batch: Batch, buckets: list[RowBucket], keep: torch.Tensor, row_doc: torch.Tensor, n_docs: int
+) -> RowsPlan:
+    """The DocEnc–Decoder attention's plan of the target rows in ``buckets``, from the batch's host copy
+    where it has one (``Batch.host``: no device read on a GPU)."""
+    host = batch.host
+    host_doc = host_array(host.doc_index if host is not None else row_doc)
+    host_keep = host_array(host.tgt_in.ne(PAD_ID) if host is not None else keep)
+    shapes = [(len(b.host_rows), b.length) for b in buckets]
+    docs = [host_doc[b.host_rows] for b in buckets]
+    keeps = [host_keep[b.host_rows, : b.length] for b in buckets]
+    return plan_document_rows(shapes, docs, n_docs, keep.device, keeps)
+
+
 @REGISTRY.register("doc_context", DocContextDecoderConfig)
 class DocContextDecoder(TransformerDecoder):
     """HM-GDC's decoder, reading the ``hierarchical`` encoder's document context (``needs``) in every layer."""
@@ -154,6 +173,19 @@ class DocContextDecoder(TransformerDecoder):
         row_doc = self._row_memory(enc_out)
         return [DocumentContext(doc, row_doc) for doc in self._document_memories(enc_out)]
 
+    def host_plans(self, batch: Batch) -> dict[str, Any]:
+        """The fused path's plan of the DocEnc–Decoder attention from the host batch, one bucket of
+        every row: ``context: document``, the real target positions of every row packed per document;
+        ``own_sentence``, every row its own document."""
+        if batch.tgt_in is None:
+            return {}
+        width = whole_batch(batch.size, batch.tgt_in.size(1), "cpu").length
+        if self.context == "own_sentence":  # one plan per bucket (one bucket), every row its own document
+            return {ROWS_PLAN: [_plan_own_rows(batch.size, width, "cpu")]}
+        doc, keep = batch.doc_index.numpy(), batch.tgt_in.ne(PAD_ID).numpy()
+        plan = plan_document_rows([(batch.size, width)], [doc], int(doc.max()) + 1, "cpu", [keep[:, :width]])
+        return {ROWS_PLAN: plan}
+
     def forward(self, tgt_in: torch.Tensor, enc_out: EncoderOut, batch: Batch) -> DecoderOut:
         """Teacher-forced pass, ``tgt_in`` [R, T] -> ``hidden`` [R, T, D], run per length bucket of the
         target rows (``row_buckets``): each bucket reads its rows' memory trimmed to their longest
@@ -170,22 +202,21 @@ class DocContextDecoder(TransformerDecoder):
             memories.append(memory_rows.take(enc_out.memory))
             masks.append((~memory_rows.take(enc_out.pad_mask))[:, None, None, :])
             xs.append(self.embeddings(b.take(tgt_in)))
-        host = batch.host  # the packing plans are made from host copies (no device read on a GPU)
         if self.context == "document":  # eq. 8: C, shared by every bucket
             row_doc, keeps = enc_out.extra["row_doc"], [b.take(keep) for b in buckets]
             row_docs = [row_doc.index_select(0, b.rows) for b in buckets]
-            host_doc = host_array(host.doc_index if host is not None else row_doc)
-            host_keep = host_array(host.tgt_in.ne(PAD_ID) if host is not None else keep)
-            host_docs = [host_doc[b.host_rows] for b in buckets]
-            host_keeps = [host_keep[b.host_rows, : b.length] for b in buckets]
             documents = self._document_memories(enc_out)
-            shapes = [(b.rows.numel(), b.length) for b in buckets]
-            plan = plan_document_rows(shapes, host_docs, documents[0].mask.size(0), tgt_in.device, host_keeps)
+            plan = batch.plans.get(ROWS_PLAN)
+            if plan is None:  # not prepared (EncoderDecoder.prepare): planned here
+                plan = _plan_rows(batch, buckets, keep, row_doc, documents[0].mask.size(0))
         else:  # h^ctx_i: each row reads its own (the bucket's rows, trimmed like the memory)
             own = [
                 RowBucket(b.rows, m.size(1)).take(enc_out.extra["sentence_context"]) for b, m in zip(buckets, memories)
             ]
             rows = [torch.arange(b.rows.numel(), device=tgt_in.device) for b in buckets]
+            own_plans = batch.plans.get(ROWS_PLAN)
+            if own_plans is None:  # not prepared: planned here, once for every layer
+                own_plans = [_plan_own_rows(b.rows.numel(), b.length, tgt_in.device) for b in buckets]
         for layer_number, layer in enumerate(self.layers):
             if self.context == "document":
                 doc_attention = partial(
@@ -195,13 +226,11 @@ class DocContextDecoder(TransformerDecoder):
                     memory=documents[layer_number],
                     keeps=keeps,
                     probe="dec_doc_context",
-                    host_row_docs=host_docs,
-                    host_keeps=host_keeps,
                     rows=[b.rows for b in buckets],  # analysis: captured attention back in batch order
                     plan=plan,  # one plan for every layer
                 )
             else:
-                doc_attention = partial(own_attention, layer.doc_attn, rows=rows, own=own, masks=masks)
+                doc_attention = partial(own_attention, layer.doc_attn, rows=rows, own=own, masks=masks, plans=own_plans)
             kvs = [layer.cross_attn.memory_kv(m) for m in memories]
             xs = layer.forward_buckets(xs, kvs, masks, doc_attention)
         return DecoderOut(unbucket([self.final_norm(x) for x in xs], buckets, tgt_in.size(1)))
@@ -234,10 +263,19 @@ def own_attention(
     rows: list[torch.Tensor],
     own: list[torch.Tensor],
     masks: list[torch.Tensor],
+    plans: list[RowsPlan],
 ) -> list[torch.Tensor]:
     """``context: own_sentence`` per bucket: queries hs[i] [r_i, T_i, D] attend to their own row's
-    words h^ctx_i, own[i] [r_i, S_i, D] (memory keep-masks [r_i, 1, 1, S_i]); ``rows`` [r_i] = arange."""
-    return [  # rows are 0..r_i - 1: their host copy is known without reading the device
-        attend_documents(attn, h, r, document_memory(attn, c, ~m[:, 0, 0]), "dec_doc_context", np.arange(len(r)))
-        for h, r, c, m in zip(hs, rows, own, masks)
+    words h^ctx_i, own[i] [r_i, S_i, D] (memory keep-masks [r_i, 1, 1, S_i]); ``rows`` [r_i] = arange,
+    each row its own document, packed by ``plans[i]`` (:func:`_plan_own_rows`)."""
+    return [
+        attend_documents_rows(attn, [h], [r], document_memory(attn, c, ~m[:, 0, 0]), probe="dec_doc_context", plan=p)[0]
+        for h, r, c, m, p in zip(hs, rows, own, masks, plans)
     ]
+
+
+@torch.compiler.disable  # host planning in numpy: outside any compiled graph
+def _plan_own_rows(rows: int, length: int, device: Union[str, torch.device]) -> RowsPlan:
+    """The packing of ``rows`` rows of ``length`` queries when every row is its own document
+    (``context: own_sentence``): rows 0..rows - 1 are known without reading the device."""
+    return plan_document_rows([(rows, length)], [np.arange(rows)], rows, device)

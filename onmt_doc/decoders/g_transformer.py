@@ -15,7 +15,7 @@ cap. The output therefore always has exactly the source's number of sentences.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal, Optional
+from typing import Any, ClassVar, Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +32,8 @@ from onmt_doc.decoders.transformer import TransformerDecoderConfig, TransformerD
 from onmt_doc.modules.attention import KV, MultiHeadAttention
 from onmt_doc.modules.group_attention import (
     COMBINED,
+    DEC_CROSS,
+    DEC_SELF,
     GLOBAL,
     GROUP,
     Plan,
@@ -40,6 +42,7 @@ from onmt_doc.modules.group_attention import (
     gather_block,
     group_attend,
     heads_layout,
+    prepared_plan,
     rows_layout,
     self_plan,
     source_block,
@@ -47,6 +50,7 @@ from onmt_doc.modules.group_attention import (
     write_sentence_cache,
 )
 from onmt_doc.modules.local_global_gate import GateSum
+from onmt_doc.modules.varlen_attention import plan_cross_segments, plan_self_segments
 
 PREFIX_CAPACITY = 128  # first size of the global self-attention caches; doubling keeps growth O(prefix)
 
@@ -275,16 +279,34 @@ class GTransformerDecoder(Decoder):
         )
         self.final_norm = nn.LayerNorm(ctx.d_model) if cfg.pre_norm else nn.Identity()
 
+    def host_plans(self, batch: Batch) -> dict[str, Any]:
+        """The sentence offsets of the group self- and cross-attention (fused path), from the host
+        batch: target sentence k over itself (causal) and over source sentence k."""
+        if batch.tgt_in is None or batch.tgt_groups is None:
+            return {}
+        tgt, src = (batch.tgt_groups, batch.tgt_in.ne(PAD_ID)), (batch.src_groups, batch.src.ne(PAD_ID))
+        plans = {}
+        if self.group_self:
+            plans[DEC_SELF] = plan_self_segments(*tgt, causal=True)
+        if self.group_cross:
+            plans[DEC_CROSS] = plan_cross_segments(*tgt, *src)
+        return plans
+
     def forward(self, tgt_in: torch.Tensor, enc_out: EncoderOut, batch: Batch) -> DecoderOut:
         """Teacher-forced pass: ``tgt_in`` [B, T] with sentence markup -> ``hidden`` [B, T, D]; the target
         tags come from the markup (:func:`group_tags`)."""
         keep, src_keep = tgt_in.ne(PAD_ID), ~enc_out.pad_mask
         tags = group_tags(tgt_in)
-        host, tgt_host, src_host = batch.host, None, None
-        if host is not None and host.tgt_in is not None:  # the plans' host copies (fused path: no device read)
-            tgt_host, src_host = (host.tgt_groups, host.tgt_in.ne(PAD_ID)), (host.src_groups, host.src.ne(PAD_ID))
-        plan_s = self_plan(tags, keep, causal=True, host=tgt_host) if self.group_self else None
-        plan_c = cross_plan(tags, keep, enc_out.groups, src_keep, tgt_host, src_host) if self.group_cross else None
+        plan_s = prepared_plan(batch.plans, DEC_SELF) if self.group_self else None
+        plan_c = prepared_plan(batch.plans, DEC_CROSS) if self.group_cross else None
+        if (self.group_self and plan_s is None) or (self.group_cross and plan_c is None):  # not prepared
+            host, tgt_host, src_host = batch.host, None, None
+            if host is not None and host.tgt_in is not None:  # the plans' host copies (fused path: no device read)
+                tgt_host, src_host = (host.tgt_groups, host.tgt_in.ne(PAD_ID)), (host.src_groups, host.src.ne(PAD_ID))
+            if self.group_self:
+                plan_s = self_plan(tags, keep, causal=True, host=tgt_host)
+            if self.group_cross:
+                plan_c = cross_plan(tags, keep, enc_out.groups, src_keep, tgt_host, src_host)
         ctx = _Forced(keep, enc_out.memory, enc_out.attention_mask(), plan_s, plan_c)
         x = self.embeddings(tgt_in)
         for layer in self.layers:

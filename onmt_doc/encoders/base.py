@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from torch import nn
 
@@ -24,3 +24,10 @@ class Encoder(nn.Module):
         """Encode ``batch`` into memory [B, S, D] and its pad mask [B, S] (True on padding), plus the
         ``extra`` keys listed in ``provides``."""
         raise NotImplementedError
+
+    def host_plans(self, batch: Batch) -> dict[str, Any]:
+        """What :meth:`forward` reads from ``batch.plans`` on the fused path, planned from the host
+        batch ``batch`` (numpy, never a device): ``EncoderDecoder.prepare`` calls it before the batch
+        moves to the device. None by default; a part whose forward plans on the host (the
+        G-Transformer's sentence offsets) returns its plans here, so a compiled step keeps one graph."""
+        return {}

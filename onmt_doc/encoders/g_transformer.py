@@ -10,7 +10,7 @@ attention and the gates are new.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 import torch
 from torch import nn
@@ -24,14 +24,17 @@ from onmt_doc.encoders.transformer import TransformerEncoderConfig, TransformerE
 from onmt_doc.modules.attention import MultiHeadAttention
 from onmt_doc.modules.group_attention import (
     COMBINED,
+    ENC_SELF,
     GLOBAL,
     GROUP,
     Plan,
     attention_modes,
     group_attend,
+    prepared_plan,
     self_plan,
 )
 from onmt_doc.modules.local_global_gate import GateSum
+from onmt_doc.modules.varlen_attention import plan_self_segments
 
 
 @dataclass
@@ -117,12 +120,20 @@ class GTransformerEncoder(Encoder):
         )
         self.final_norm = nn.LayerNorm(ctx.d_model) if cfg.pre_norm else nn.Identity()
 
+    def host_plans(self, batch: Batch) -> dict[str, Any]:
+        """The sentence offsets of the group self-attention (fused path), from the host batch."""
+        if not self.group:
+            return {}
+        return {ENC_SELF: plan_self_segments(batch.src_groups, batch.src.ne(PAD_ID), causal=False)}
+
     def forward(self, batch: Batch) -> EncoderOut:
         """``batch.src`` [B, N] with sentence tags ``batch.src_groups`` [B, N] -> memory [B, N, D]."""
         pad = batch.src.eq(PAD_ID)
         keep = ~pad
-        host = (batch.host.src_groups, batch.host.src.ne(PAD_ID)) if batch.host is not None else None
-        plan = self_plan(batch.src_groups, keep, causal=False, host=host) if self.group else None
+        plan = prepared_plan(batch.plans, ENC_SELF) if self.group else None
+        if self.group and plan is None:
+            host = (batch.host.src_groups, batch.host.src.ne(PAD_ID)) if batch.host is not None else None
+            plan = self_plan(batch.src_groups, keep, causal=False, host=host)
         mask = keep[:, None, None, :]
         x = self.embeddings(batch.src)
         for layer in self.layers:

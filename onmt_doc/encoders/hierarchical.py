@@ -22,8 +22,9 @@ model initialises it (two-step training, ``train.init_from``).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal, Optional
+from typing import Any, Literal, Optional, Union
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -48,8 +49,10 @@ from onmt_doc.modules.document_packing import (
 )
 from onmt_doc.modules.dropout import Dropout
 from onmt_doc.modules.embeddings import SinusoidalPositions
-from onmt_doc.modules.row_buckets import RowBucket, batch_order, row_plan, unbucket
+from onmt_doc.modules.row_buckets import RowBucket, batch_order, row_plan, unbucket, whole_batch
 from onmt_doc.registry import registry_for
+
+ENCODER_PLAN = "hm_gdc.encoder"  # the encoder's plan in ``Batch.plans`` (made by ``host_plans``)
 
 
 @dataclass
@@ -143,6 +146,13 @@ class HierarchicalEncoder(TransformerEncoder):
         self.context_dropout = Dropout(cfg.context_dropout)
         self.pooling, self.word_context, self.context = cfg.pooling, cfg.word_context, cfg.context
 
+    def host_plans(self, batch: Batch) -> dict[str, Any]:
+        """The fused path's :class:`EncoderPlan` (one bucket of every row) from the host batch."""
+        keep = batch.src.ne(PAD_ID)
+        buckets = [whole_batch(batch.size, batch.src.size(1), "cpu")]
+        plan = encoder_plan(buckets, batch.doc_index.numpy(), keep.numpy(), self.context == "document", "cpu")
+        return {ENCODER_PLAN: plan}
+
     def forward(self, batch: Batch) -> EncoderOut:
         """Rows [R, S] of ``batch.src`` -> words with context [R, S, D] (eqs. 1–7) and, in ``extra``, the
         packed document context (eq. 8). The per-row parts run per length bucket (``row_buckets``),
@@ -150,7 +160,9 @@ class HierarchicalEncoder(TransformerEncoder):
         pad = batch.src.eq(PAD_ID)
         keep = ~pad
         row_doc = batch.doc_index.to(batch.src.device)
-        plan = plan_encoder(batch, keep, self.context == "document")
+        plan = batch.plans.get(ENCODER_PLAN)
+        if plan is None:  # not prepared (EncoderDecoder.prepare): planned here
+            plan = plan_encoder(batch, keep, self.context == "document")
         buckets = plan.buckets
         keeps = [b.take(keep) for b in buckets]
         h_parts, sentences = [], []
@@ -223,11 +235,22 @@ class EncoderPlan:
 def plan_encoder(batch: Batch, keep: torch.Tensor, document_reading: bool) -> EncoderPlan:
     """The :class:`EncoderPlan` of ``batch`` (``keep`` [R, L]: its real positions), from the batch's
     host copy where it has one (``Batch.host``: no device read on a GPU)."""
-    host, device = batch.host, batch.src.device
+    host = batch.host
     host_doc = host_array(host.doc_index if host is not None else batch.doc_index)
     host_keep = host_array(host.src.ne(PAD_ID) if host is not None else keep)
+    return encoder_plan(row_plan(keep), host_doc, host_keep, document_reading, batch.src.device)
+
+
+def encoder_plan(
+    buckets: list[RowBucket],
+    host_doc: np.ndarray,
+    host_keep: np.ndarray,
+    document_reading: bool,
+    device: Union[str, torch.device],
+) -> EncoderPlan:
+    """The :class:`EncoderPlan` of rows of documents ``host_doc`` [R] with real positions ``host_keep``
+    [R, L] in length ``buckets``, its indices on ``device``: numpy work, on the host."""
     n_docs = int(host_doc.max()) + 1
-    buckets = row_plan(keep)
     rows = None
     if document_reading:
         shapes = [(len(b.host_rows), b.length) for b in buckets]
@@ -237,7 +260,7 @@ def plan_encoder(batch: Batch, keep: torch.Tensor, document_reading: bool) -> En
     return EncoderPlan(
         buckets,
         plan_packing(host_doc, n_docs, device=device),
-        plan_packing(host_doc, n_docs, batch.src.size(1), host_keep, device=device),
+        plan_packing(host_doc, n_docs, host_keep.shape[1], host_keep, device=device),
         rows,
     )
 

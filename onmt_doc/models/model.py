@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from onmt_doc import devices
 from onmt_doc.contracts import Batch, DecoderState, EncoderOut, LengthLimit, ModelOut
 from onmt_doc.data.vocab import PAD_ID, UNK_ID
 from onmt_doc.decoders.base import Decoder
@@ -66,6 +67,17 @@ class EncoderDecoder(nn.Module):
         logits = self.generator(dec_out.hidden.flatten(0, 1).index_select(0, index))[:n]
         target = batch.tgt_out.reshape(-1).index_select(0, batch.tgt_index[:n])
         return ModelOut(logits, target, mask, dec_out.hidden, enc_out, dec_out.aux)
+
+    def prepare(self, batch: Batch, device: torch.device) -> Batch:
+        """``batch``, still on the host, with its parts' plans for ``device``'s fused path in
+        :attr:`Batch.plans`: the trainer calls it where batches are made (the prefetch thread on a
+        GPU), so a step neither plans on the host between its kernels nor leaves its compiled graph
+        to plan. On the packed path (and for a batch already on a device) the batch as it is: the
+        parts plan in their forward."""
+        if not devices.fused(device) or batch.src.device.type != "cpu":
+            return batch
+        plans = {**self.encoder.host_plans(batch), **self.decoder.host_plans(batch)}
+        return replace(batch, plans=plans) if plans else batch
 
     def encode(self, batch: Batch) -> EncoderOut:
         """Encode once per batch; search then calls :meth:`step` many times on the result."""

@@ -189,6 +189,17 @@ def _fused(device: torch.device) -> bool:
     return devices.fused(device) and not analysis.active()
 
 
+# the keys of the G-Transformer's plans in ``Batch.plans`` (made by the parts' ``host_plans``)
+ENC_SELF, DEC_SELF, DEC_CROSS = "g_transformer.enc_self", "g_transformer.dec_self", "g_transformer.dec_cross"
+
+
+def prepared_plan(plans: dict, key: str) -> Optional[Plan]:
+    """The plan ``key`` made before the batch moved to the device (``Batch.plans``), or None: the
+    batch was not prepared, or analysis statistics are collected (they are recorded per block, on
+    the packed path: see :func:`_fused`)."""
+    return None if analysis.active() else plans.get(key)
+
+
 @torch.compiler.disable  # host planning in numpy: outside any compiled graph
 def self_plan(tags: torch.Tensor, keep: torch.Tensor, causal: bool, host: HostPair = None) -> Plan:
     """The self-attention plan of the device's path (:func:`onmt_doc.devices.fused`): sentence

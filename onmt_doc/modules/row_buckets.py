@@ -11,7 +11,7 @@ rounding); the document-level parts read the rows back in batch order (:func:`un
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -77,9 +77,13 @@ def row_plan(keep: torch.Tensor, overhead: Optional[int] = None) -> list[RowBuck
     bucket of every row at the full width, which costs padding but no device read and a third of the
     kernels (a GPU's step is bound by kernel launches, not by padded arithmetic)."""
     if devices.fused(keep.device):
-        rows = keep.size(0)
-        return [RowBucket(torch.arange(rows, device=keep.device), max(keep.size(1), 1), np.arange(rows))]
+        return [whole_batch(keep.size(0), keep.size(1), keep.device)]
     return bucket_rows(keep.sum(1), overhead)
+
+
+def whole_batch(rows: int, length: int, device: Union[str, torch.device]) -> RowBucket:
+    """The fused path's one bucket: every row, at the full width ``length``."""
+    return RowBucket(torch.arange(rows, device=device), max(length, 1), np.arange(rows))
 
 
 def computed_positions(lengths: torch.Tensor, overhead: Optional[int] = None) -> int:

@@ -1,8 +1,9 @@
 """The next training batches, prepared while the GPU computes the current step.
 
-Collating a batch (padding, tags, target positions) and copying it to the GPU are host work; done
-in the loop they sit between two steps, while the GPU idles. :class:`Prefetcher` collates ahead in
-one thread, in page-locked memory (``Batch.pin_memory``), so the loop's copy to the device returns
+Collating a batch (padding, tags, target positions), planning its attention (the document models'
+sentence offsets and packings, ``EncoderDecoder.prepare``) and copying it to the GPU are host work;
+done in the loop they sit between two steps, while the GPU idles. :class:`Prefetcher` collates and
+plans ahead in one thread, in page-locked memory (``Batch.pin_memory``), so the loop's copy to the device returns
 at once (``Batch.to`` is non-blocking) and the host goes on queuing the step. The sampler's position
 is the one of the batches the loop consumed, so checkpoints and exact resume are unchanged; the
 batches and their order are the sampler's own. Used on CUDA only: on a CPU the thread would take
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 from onmt_doc.contracts import Batch
 from onmt_doc.data.batching import BatchSampler
@@ -22,9 +23,17 @@ from onmt_doc.data.batching import BatchSampler
 class Prefetcher:
     """``next()`` gives the sampler's next batch, prepared ``depth`` batches ahead in a thread."""
 
-    def __init__(self, sampler: BatchSampler, depth: int = 2, pin: bool = True) -> None:
-        """Starts reading from the sampler's current position; ``pin`` puts batches in page-locked memory."""
-        self.sampler, self.pin = sampler, pin
+    def __init__(
+        self,
+        sampler: BatchSampler,
+        depth: int = 2,
+        pin: bool = True,
+        prepare: Optional[Callable[[Batch], Batch]] = None,
+    ) -> None:
+        """Starts reading from the sampler's current position; ``prepare`` runs on each batch in the
+        thread (the model's host plans, ``EncoderDecoder.prepare``); ``pin`` puts batches in
+        page-locked memory."""
+        self.sampler, self.pin, self.prepare = sampler, pin, prepare
         self._queue: queue.Queue = queue.Queue(maxsize=max(depth, 1))
         self._stop = threading.Event()
         self._thread = threading.Thread(
@@ -35,6 +44,8 @@ class Prefetcher:
     def _fill(self, epoch: int, position: int) -> None:
         try:
             for batch, e, p in self.sampler.batches_from(epoch, position):
+                if self.prepare is not None:
+                    batch = self.prepare(batch)
                 if not self._put((batch.pin_memory() if self.pin else batch, e, p)):
                     return
         except BaseException as e:  # handed to the loop, which raises it where it would have happened

@@ -11,6 +11,7 @@ metrics beyond the losses (BLEU) as callables, so it imports neither translation
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -161,8 +162,10 @@ class Trainer:
             self._say_finished()
             return {}
         reporter = Reporter(self.run_dir, self.cfg.log, cfg.max_steps, p.step, self.ctx.main)
-        # on a GPU the next batches are collated and pinned in a thread while the device computes
-        batches = Prefetcher(self.sampler) if self.ctx.device.type == "cuda" else iter(self.sampler)
+        # on a GPU the next batches are collated, planned and pinned in a thread while the device computes
+        prepare = functools.partial(self.model.prepare, device=self.ctx.device)
+        on_gpu = self.ctx.device.type == "cuda"
+        batches = Prefetcher(self.sampler, prepare=prepare) if on_gpu else map(prepare, iter(self.sampler))
         epochs_logged = self.sampler.completed_epochs()
         last_metrics: dict = {}
         try:
