@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -221,6 +223,41 @@ def test_two_process_resume_equals_straight_run(toy_dir, tmp_path):
     assert len(b["train_state"]["rng"]) == 2
     for name, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][name]), name
+
+
+FAST_CLOCK = """import os, time
+if os.environ.get("RANK") == "1":  # this rank's clock runs four times as fast as the others'
+    _real, _start = time.time, time.time()
+    time.time = lambda: _start + 4 * (_real() - _start)
+"""
+
+
+def test_two_processes_end_at_the_same_step_when_max_minutes_runs_out(toy_dir, tmp_path):
+    """Under torchrun ``train.max_minutes`` ends every rank at the same step, whatever each rank's clock
+    says: rank 0's decides. Here rank 1's clock runs four times as fast (a ``sitecustomize`` on the
+    workers' path: clocks that started apart do the same); when each rank read its own, rank 1 stopped
+    first and rank 0 waited for it in the gradient reduction."""
+    data = small_corpus(toy_dir, tmp_path / "data", lines=1000)
+    c = tiny_config(
+        toy_dir,
+        tmp_path / "run",
+        train={"max_steps": 100_000, "max_minutes": 0.15, "batch_tokens": 300, "save_every": 100_000,
+               "valid_every": 100_000, "threads": 1},
+    )  # fmt: skip
+    c["data"]["train"] = {"src": str(data / "train.src"), "tgt": str(data / "train.tgt")}
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(FAST_CLOCK)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    proc = run_cli(
+        *torchrun, "-m", "onmt_doc.bin.train", "-config", str(write_config(c, tmp_path / "run.yaml")),
+        env={"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ends = re.findall(r"reached train.max_minutes=0.15 at step (\d+)", proc.stderr)
+    assert ends, proc.stderr[-3000:]
+    step = load_checkpoint(str(tmp_path / "run" / "checkpoints" / "last.pt"))["train_state"]["step"]
+    assert {int(e) for e in ends} == {step} and step > 10
 
 
 def _fast_trainer(trained_run, toy_dir, run: Path, **sections):

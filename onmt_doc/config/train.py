@@ -61,7 +61,8 @@ class TrainConfig:
     max_minutes: Optional[float] = option(
         None,
         "stop after this many minutes of training in this process, validating and saving as at `max_steps` "
-        "(a time budget, as fairseq's --stop-time-hours; a resumed run gets the budget afresh)",
+        "(a time budget, as fairseq's --stop-time-hours; a resumed run gets the budget afresh; under torchrun "
+        "rank 0's clock decides for every process)",
         above=0,
     )
     valid_every: int = option(1000, "validate every this many steps (and at `max_steps`)", minimum=1)

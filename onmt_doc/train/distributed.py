@@ -1,6 +1,10 @@
 """Process-group setup for ``torchrun`` (Gloo on CPU, NCCL on GPU) and metric reduction.
 
 Without torchrun's environment variables everything degrades to one process, no process group.
+DDP reduces gradients over the device group; every value the loop itself exchanges (token counts,
+stop flags, the statistics of a progress line, RNG states) is a host value and goes over a Gloo group
+of its own (:data:`_HOST_GROUP`): through NCCL it would be copied to the GPU and read back, a host
+synchronisation every step, which a GPU step must not make (issue 40).
 """
 
 from __future__ import annotations
@@ -8,6 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -37,6 +42,10 @@ class DistContext:
         return self.world > 1
 
 
+# the Gloo group of every rank, for host values (module docstring); made by init_distributed
+_HOST_GROUP: list[Optional[dist.ProcessGroup]] = [None]
+
+
 def init_distributed(device_spec: str) -> DistContext:
     """Read torchrun's environment, pick the device and, with more than one process, join the
     process group (NCCL on GPU, Gloo on CPU)."""
@@ -50,15 +59,18 @@ def init_distributed(device_spec: str) -> DistContext:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group(backend, timeout=timedelta(minutes=60))
+    if world > 1 and _HOST_GROUP[0] is None:  # every rank creates it, in the same order
+        _HOST_GROUP[0] = dist.new_group(backend="gloo", timeout=timedelta(minutes=60))
     return DistContext(rank, world, local_rank, local_world, device)
 
 
 def all_reduce_sum(values: list[float], ctx: DistContext) -> list[float]:
-    """``values`` summed over ranks (float64, so token counts stay exact); unchanged on one process."""
+    """``values`` summed over ranks (float64, so token counts stay exact); unchanged on one process.
+    Host to host: no device is read."""
     if not ctx.enabled:
         return values
-    t = torch.tensor(values, dtype=torch.float64, device=ctx.device if ctx.device.type == "cuda" else "cpu")
-    dist.all_reduce(t)
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, group=_HOST_GROUP[0])
     return t.tolist()
 
 
@@ -66,8 +78,8 @@ def broadcast_flag(flag: bool, ctx: DistContext) -> bool:
     """Rank 0's ``flag`` on every rank, so all ranks take the same branch."""
     if not ctx.enabled:
         return flag
-    t = torch.tensor([int(flag)], device=ctx.device if ctx.device.type == "cuda" else "cpu")
-    dist.broadcast(t, 0)
+    t = torch.tensor([int(flag)])
+    dist.broadcast(t, 0, group=_HOST_GROUP[0])
     return bool(t.item())
 
 
@@ -75,8 +87,8 @@ def any_flag(flag: bool, ctx: DistContext) -> bool:
     """True on every rank when ``flag`` is true on at least one (e.g. a signal reached one rank)."""
     if not ctx.enabled:
         return flag
-    t = torch.tensor([int(flag)], device=ctx.device if ctx.device.type == "cuda" else "cpu")
-    dist.all_reduce(t)
+    t = torch.tensor([int(flag)])
+    dist.all_reduce(t, group=_HOST_GROUP[0])
     return bool(t.item())
 
 
@@ -85,17 +97,18 @@ def gather_objects(obj: object, ctx: DistContext) -> list:
     if not ctx.enabled:
         return [obj]
     out: list = [None] * ctx.world
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=_HOST_GROUP[0])
     return out
 
 
 def barrier(ctx: DistContext) -> None:
     """Wait for every rank (no-op on one process)."""
     if ctx.enabled:
-        dist.barrier()
+        dist.barrier(group=_HOST_GROUP[0])
 
 
 def shutdown(ctx: DistContext) -> None:
     """Leave the process group, if one was joined."""
     if ctx.enabled and dist.is_initialized():
         dist.destroy_process_group()
+        _HOST_GROUP[0] = None

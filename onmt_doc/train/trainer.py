@@ -229,7 +229,9 @@ class Trainer:
         if self.step >= self.cfg.train.max_steps:
             return True
         minutes = self.cfg.train.max_minutes
-        if minutes and time.time() - self.started >= 60 * minutes:
+        # rank 0's clock decides for every rank: clocks started apart would end the ranks at different
+        # steps, and a rank stepping on alone waits in DDP's gradient reduction for ever
+        if minutes and distributed.broadcast_flag(time.time() - self.started >= 60 * minutes, self.ctx):
             log.info("reached train.max_minutes=%g at step %d", minutes, self.step)
             return True
         epochs = self.cfg.train.max_epochs
