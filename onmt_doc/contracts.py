@@ -59,6 +59,8 @@ def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     arrays) is kept as it is. How a batch and its plans move to a device or to pinned memory."""
     if isinstance(value, torch.Tensor):
         return fn(value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a NamedTuple takes its fields as arguments
+        return type(value)(*(map_tensors(v, fn) for v in value))
     if isinstance(value, (list, tuple)):
         return type(value)(map_tensors(v, fn) for v in value)
     if isinstance(value, dict):

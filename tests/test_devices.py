@@ -3,6 +3,8 @@ CUDA device gets."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import pytest
 import torch
 
@@ -50,6 +52,13 @@ def test_a_cuda_device_handed_to_the_api_turns_cudnn_attention_off_too(cudnn_att
     assert not torch.backends.cuda.cudnn_sdp_enabled()
 
 
+class _Pair(NamedTuple):
+    """A plan part as a named tuple (``Batch.to`` rebuilds it from its fields)."""
+
+    offsets: torch.Tensor
+    count: int
+
+
 @pytest.mark.devices
 def test_a_batch_moves_with_its_host_plans(device):
     """``Batch.to`` (and on a GPU ``pin_memory`` first, as the prefetch thread does) moves every tensor
@@ -67,7 +76,7 @@ def test_a_batch_moves_with_its_host_plans(device):
     )
     rows = plan_document_rows([(2, 3)], [np.array([0, 0])], 1, "cpu")
     segments = plan_self_segments(batch.src_groups, batch.src.ne(0), causal=False)
-    batch.plans = {"segments": segments, "nested": {"rows": [rows]}}
+    batch.plans = {"segments": segments, "nested": {"rows": [rows]}, "pair": _Pair(segments.cu_q, 7)}
     host = batch.pin_memory() if device.type == "cuda" else batch
     moved = host.to(device)
     assert moved.host is host and moved.src.device.type == device.type
@@ -76,3 +85,5 @@ def test_a_batch_moves_with_its_host_plans(device):
     assert nested.packing.index.device.type == device.type and nested.packing.docs == 1
     assert isinstance(nested.docs[0], np.ndarray) and np.array_equal(nested.docs[0], rows.docs[0])
     assert torch.equal(got.cu_q.cpu(), segments.cu_q) and batch.plans["segments"] is segments  # a copy, not a move
+    pair = moved.plans["pair"]
+    assert isinstance(pair, _Pair) and pair.offsets.device.type == device.type and pair.count == 7
