@@ -177,41 +177,51 @@ class PartContext:
 
 @dataclass
 class _Moves:
-    """The rows a reorder changes: row ``targets[j]`` takes the old row ``sources[j]``."""
+    """The rows a reorder changes: row ``targets[j]`` takes the old row ``sources[j]``; ``gather``:
+    copy every row instead (a plain gather), which costs less once many rows move."""
 
     index: torch.Tensor
     targets: torch.Tensor
     sources: torch.Tensor
+    gather: bool = False
 
     @staticmethod
     def of(index: torch.Tensor) -> "_Moves":
-        """The rows that change (on the fused path every row: finding them costs a GPU a device read)."""
+        """The rows that change (on the fused path every row: finding them costs a GPU a device read).
+        On the packed (CPU) path, once more than a quarter of the rows move (a sentence beam search
+        usually), one gather of every row costs less than gathering the moved rows and writing them
+        back: ``gather``."""
         everything = torch.arange(index.numel(), device=index.device)
         if fused(index.device):
             return _Moves(index, everything, index)
         targets = index.ne(everything).nonzero().squeeze(1)
-        return _Moves(index, targets, index.index_select(0, targets))
+        return _Moves(index, targets, index.index_select(0, targets), 4 * targets.numel() > index.numel())
 
-    def apply(self, x: torch.Tensor) -> torch.Tensor:
+    def apply(self, x: torch.Tensor, filled: Optional[int] = None) -> torch.Tensor:
         """Moves the rows of ``x`` in place (the moved rows are gathered before any is written) and
-        cuts it to the new number of rows; a reorder that adds rows gathers as usual."""
+        cuts it to the new number of rows; a reorder that adds rows, or whose ``gather`` says so,
+        gathers as usual. ``filled``: only the first ``filled`` slots of dimension 2 hold values (a
+        cache allocated ahead), so only they move in place."""
         n = self.index.numel()
-        if x.size(0) < n:
+        if x.size(0) < n or self.gather:
             return x.index_select(0, self.index)
         if self.targets.numel():
-            x.index_copy_(0, self.targets, x.index_select(0, self.sources))
+            live = x if filled is None else x[:, :, :filled]
+            live.index_copy_(0, self.targets, live.index_select(0, self.sources))
         return x if x.size(0) == n else x[:n]
 
 
-def _reorder(value: Any, index: torch.Tensor, same_sources: bool, moves: Optional[_Moves] = None) -> Any:
+def _reorder(
+    value: Any, index: torch.Tensor, same_sources: bool, moves: Optional[_Moves] = None, filled: Optional[int] = None
+) -> Any:
     if isinstance(value, torch.Tensor):
-        return moves.apply(value) if moves is not None else value.index_select(0, index)
+        return moves.apply(value, filled) if moves is not None else value.index_select(0, index)
     if isinstance(value, DecoderState):
         return value.reorder(index, same_sources)
     if isinstance(value, (list, tuple)):
-        return type(value)(_reorder(v, index, same_sources, moves) for v in value)
+        return type(value)(_reorder(v, index, same_sources, moves, filled) for v in value)
     if isinstance(value, dict):
-        return {k: _reorder(v, index, same_sources, moves) for k, v in value.items()}
+        return {k: _reorder(v, index, same_sources, moves, filled) for k, v in value.items()}
     return value
 
 
@@ -238,8 +248,11 @@ class DecoderState:
       number of rows. In long beam searches about four rows in five keep their place at a step,
       and beam search prunes finished sentences by moving the last ones into their places
       (:func:`~onmt_doc.translate.search.fill_holes`), so a reorder copies a small part of what a
-      full gather would. Never list a tensor that may be a view of something the caller still
-      reads (the encoder output, a token the search keeps), nor one that sits in the state twice.
+      full gather would (on the packed path a reorder that moves more than a quarter of the rows
+      gathers, which then costs a CPU less; caches allocated ahead say in :meth:`filled_slots`
+      which slots hold values, and only those move). Never list a tensor that may be a view of
+      something the caller still reads (the encoder output, a token the search keeps), nor one that
+      sits in the state twice.
     """
 
     source_fields: ClassVar[tuple[str, ...]] = ()
@@ -253,8 +266,15 @@ class DecoderState:
             if f.name in self.shared_fields or (same_sources and f.name in self.source_fields):
                 continue
             owned = moves if f.name in self.owned_fields else None
-            setattr(self, f.name, _reorder(getattr(self, f.name), index, False, owned))
+            filled = self.filled_slots(f.name) if owned is not None else None
+            setattr(self, f.name, _reorder(getattr(self, f.name), index, False, owned, filled))
         return self
+
+    def filled_slots(self, name: str) -> Optional[int]:
+        """For an owned field whose caches [B, H, C, d] are allocated ahead and filled one slot a step:
+        how many of the C slots hold values, so that a reorder moves only those (the rest is
+        overwritten before it is read). None (the default): every slot moves."""
+        return None
 
     def nbytes(self) -> int:
         """Bytes held in tensors (used to check that constant-size states stay constant)."""

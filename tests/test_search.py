@@ -13,6 +13,7 @@ from test_decoding import SIZES, TRANSFORMER
 from test_g_transformer import G, doc_batch
 from test_hm_gdc import BOTH, context_batch, random_docs
 
+from onmt_doc import devices
 from onmt_doc.bin.translate import _parser
 from onmt_doc.config import ConfigError, TranslateConfig, config_from_dict
 from onmt_doc.contracts import LengthLimit
@@ -325,21 +326,70 @@ def test_beam_search_reads_the_device_only_where_candidates_end():
     ]
 
 
-def test_the_self_attention_caches_are_allocated_once_per_search():
-    """A sentence Transformer's caches hold the search's longest output from the first step and are
-    written in place: no step allocates them again (they grew by concatenation, one copy a step;
-    stepwise = teacher-forced is tests/test_decoding.py's)."""
+def test_the_self_attention_caches_are_allocated_once_per_search_on_the_fused_path():
+    """On the fused (GPU) path a sentence Transformer's caches hold the search's longest output from
+    the first step and are written in place: no step allocates them again (they grew by
+    concatenation, one copy a step). On the packed (CPU) path they are the prefix itself: CPU
+    attention copies a strided prefix to contiguous memory anyway, and full-size caches made every
+    reorder move more (CPU translation 1.2x slower, docs/benchmarks.md). Stepwise = teacher-forced
+    is tests/test_decoding.py's, on both paths."""
     model, _ = random_model(TRANSFORMER)
     batch = random_batch([(5, 7), (9, 3)])
     limit = LengthLimit(ratio=1.0, add=5)
-    state = model.init_state(model.encode(batch), batch, limit)
-    storages = []
-    for step in range(6):
-        _, state = model.step(torch.full((2,), BOS_ID if step == 0 else len(SPECIALS)), state)
-        k, v = state.self_kv[0]
-        storages.append((k.untyped_storage().data_ptr(), v.untyped_storage().data_ptr(), k.size(2)))
-    assert len(set(storages)) == 1  # one allocation, at the first step
-    assert storages[0][2] >= 9 + 5 + 1  # room for the longest source's output and <bos>
+    for path in ("fused", "packed"):
+        with devices.forced_path(path):
+            state = model.init_state(model.encode(batch), batch, limit)
+            storages = []
+            for step in range(6):
+                _, state = model.step(torch.full((2,), BOS_ID if step == 0 else len(SPECIALS)), state)
+                k, v = state.self_kv[0]
+                storages.append((k.untyped_storage().data_ptr(), v.untyped_storage().data_ptr(), k.size(2)))
+        if path == "fused":
+            assert len(set(storages)) == 1  # one allocation, at the first step
+            assert storages[0][2] >= 9 + 5 + 1  # room for the longest source's output and <bos>
+        else:
+            assert [s[2] for s in storages] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_reorder_moves_the_filled_slots_of_caches_allocated_ahead():
+    """A state whose caches are allocated ahead (``filled_slots``) reorders the slots that hold
+    values as a gather would, and leaves the rest alone (on the fused path it had moved every slot:
+    twice the work at mid-output, more early on)."""
+    model, _ = random_model(TRANSFORMER)
+    batch = random_batch([(5, 7), (9, 3), (4, 4)])
+    index = torch.tensor([2, 0, 0])
+    with devices.forced_path("fused"), torch.no_grad():
+        state = model.init_state(model.encode(batch), batch, LengthLimit(ratio=1.0, add=5))
+        for step in range(4):
+            _, state = model.step(torch.full((3,), BOS_ID if step == 0 else len(SPECIALS) + step), state)
+        k = state.self_kv[0][0]
+        k[:, :, state.step :] = torch.arange(3.0)[:, None, None, None]  # slots no step wrote: left alone
+        before = k.clone()
+        state.reorder(index)
+    after = state.self_kv[0][0]
+    assert state.filled_slots("self_kv") == 4 and after.size(2) > 4
+    assert torch.equal(after[:, :, :4], before[:, :, :4].index_select(0, index))
+    assert torch.equal(after[:, :, 4:], before[:, :, 4:])
+
+
+@pytest.mark.parametrize("name", ["transformer", "g_transformer"])
+def test_a_search_step_makes_no_tensor_from_host_data(name):
+    """A tensor made from Python data (``torch.tensor([...], device=...)``) is, on a GPU, a blocking
+    copy from host memory: the host waits until the device has done everything queued. The search's
+    forbidden-token list and the G-Transformer's non-word list were made at every step, so every
+    decoding step of every model waited for the GPU, whatever ``read_every`` saved. Now such tensors
+    are made only where the search reads the device anyway (collecting ended hypotheses)."""
+    from onmt_doc.train.host_syncs import OpCounter
+
+    section, make_batch = CASES[name]
+    model, _ = random_model(section)
+    batch = make_batch()
+    search = BeamSearch(beam=3, max_len_ratio=1.0, max_len_add=5)
+    with devices.forced_path("fused"), OpCounter() as ops:
+        search.search(model, batch)
+    steps = ops.names["aten.topk"]  # one per step
+    assert steps > 8
+    assert ops.host_data <= 2 * search.device_reads < steps
 
 
 # ------------------------------------------------------------------------------ reading the device every k steps

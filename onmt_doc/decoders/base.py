@@ -18,14 +18,18 @@ from onmt_doc.registry import Registry
 REGISTRY = Registry("decoder")
 
 
-def force_tokens(log_probs: torch.Tensor, force: torch.Tensor) -> torch.Tensor:
-    """Rows with ``force`` ≥ 0 may only continue with that token, which keeps its model score
-    (so hypothesis scores stay the model's log-probabilities); rows with -1 are unchanged. For a
+def force_tokens(log_probs: torch.Tensor, force: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Rows with ``force`` ≥ 0 may only continue with that token, which keeps its score in
+    ``log_probs`` (so hypothesis scores stay the model's log-probabilities); rows with -1 keep their
+    scores: those of ``out`` when given (written in place and returned: scores the caller restricted
+    further and owns), else of ``log_probs`` (a new tensor). One pass over the scores. For a
     decoder's :meth:`Decoder.constrain`, and for the search's own rules (``onmt_doc/translate/rules.py``,
     a layer above, which is why it lives here)."""
     index = force.clamp(min=0)[:, None]
-    only = torch.full_like(log_probs, float("-inf")).scatter_(1, index, log_probs.gather(1, index))
-    return torch.where(force.ge(0)[:, None], only, log_probs)
+    forced = force.ge(0)[:, None]
+    kept = torch.where(forced, log_probs.gather(1, index), (log_probs if out is None else out).gather(1, index))
+    out = log_probs.masked_fill(forced, float("-inf")) if out is None else out.masked_fill_(forced, float("-inf"))
+    return out.scatter_(1, index, kept)
 
 
 class Decoder(nn.Module):

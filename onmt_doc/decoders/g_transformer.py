@@ -14,6 +14,7 @@ cap. The output therefore always has exactly the source's number of sentences.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Optional
 
@@ -56,6 +57,13 @@ PREFIX_CAPACITY = 128  # first size of the global self-attention caches; doublin
 
 # tokens that may not appear inside a sentence (</s> is handled separately, <unk> is a word)
 _NOT_WORDS = [PAD_ID, SOS_ID, BOS_ID, EOS_ID, MASK_ID]
+
+
+@functools.lru_cache(maxsize=None)
+def _not_words(device: torch.device) -> torch.Tensor:
+    """``_NOT_WORDS`` on ``device``, made once: made at every step it is, on a GPU, a blocking copy
+    from host memory (the host waits for the device's queue)."""
+    return torch.tensor(_NOT_WORDS, device=device)
 
 
 @dataclass
@@ -129,6 +137,11 @@ class GTransformerState(DecoderState):
     prefix_capacity: int  # initial slots of a global self-attention cache (the whole prefix; doubles when full)
     n_src: torch.Tensor  # [B] source sentences
     caps: torch.Tensor  # [B, K] word cap of each target sentence
+
+    def filled_slots(self, name: str) -> Optional[int]:
+        """A prefix cache holds the ``step`` positions fed so far, a sentence cache its current sentence,
+        whose slots are below ``step`` too: a reorder moves those only."""
+        return self.step if name in ("self_kv", "global_self_kv") else None
 
 
 @dataclass
@@ -423,6 +436,6 @@ class GTransformerDecoder(Decoder):
         force = torch.where(last.eq(BOS_ID) | (closed & n.lt(state.n_src)), SOS_ID, force)
         force = torch.where(closed & n.ge(state.n_src), EOS_ID, force)
         force = torch.where(in_sentence & words.ge(cap), EOS_SENT_ID, force)
-        lp = log_probs.index_fill(1, torch.tensor(_NOT_WORDS, device=log_probs.device), float("-inf"))
+        lp = log_probs.index_fill(1, _not_words(log_probs.device), float("-inf"))
         lp[:, EOS_SENT_ID] = lp[:, EOS_SENT_ID].masked_fill(words.eq(0), float("-inf"))
-        return torch.where(force.ge(0)[:, None], force_tokens(log_probs, force), lp)
+        return force_tokens(log_probs, force, out=lp)

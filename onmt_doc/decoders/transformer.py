@@ -45,6 +45,10 @@ class TransformerState(DecoderState):
     cross_kv: list[KV]
     memory_mask: torch.Tensor  # [B, 1, 1, S]
 
+    def filled_slots(self, name: str) -> Optional[int]:
+        """The self-attention caches hold the ``step`` positions fed so far: a reorder moves those only."""
+        return self.step if name == "self_kv" else None
+
 
 class TransformerDecoderLayer(nn.Module):
     """Causal self-attention, cross-attention and feed-forward, each in a residual block;

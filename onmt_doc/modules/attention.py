@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from onmt_doc.devices import fused
 from onmt_doc.modules import analysis
 
 KV = tuple[torch.Tensor, torch.Tensor]
@@ -109,17 +110,26 @@ class MultiHeadAttention(nn.Module):
         return self.attend(q, k, v, mask), (k, v)
 
     def step_at(self, x: torch.Tensor, cache: Optional[KV], position: int, capacity: int) -> tuple[torch.Tensor, KV]:
-        """:meth:`step` for one new position [B, 1, D] written in place at ``position`` of caches
-        [B, H, C, d] that start with ``capacity`` slots and double when full, so a step does not
-        copy the whole prefix (for prefixes of whole documents)."""
+        """:meth:`step` for one new position [B, 1, D] at ``position``. On the fused (GPU) path it is
+        written in place into caches [B, H, C, d] that start with ``capacity`` slots and double when
+        full, so a step neither allocates nor copies the prefix (and a compiled step keeps its shapes).
+        On the packed (CPU) path the caches are the prefix itself, grown by :meth:`step`'s
+        concatenation: CPU attention copies a strided prefix to contiguous memory at every step
+        anyway, so slots allocated ahead would save nothing there and make every reorder move more."""
+        if not fused(x.device):
+            return self.step(x, cache)
         q, k, v = self._split(self.qkv(x), 3)
         if cache is None:
             b, h, _, d = k.shape
             cache = (k.new_zeros(b, h, capacity, d), v.new_zeros(b, h, capacity, d))
         cache = grow_kv(cache, position + 1)
-        where = torch.full((1,), position, dtype=torch.long, device=k.device)
-        cache[0].index_copy_(2, where, k)
-        cache[1].index_copy_(2, where, v)
+        if torch.compiler.is_compiling():  # a tensor index: the position stays out of the graph's guards
+            where = torch.full((1,), position, dtype=torch.long, device=k.device)
+            cache[0].index_copy_(2, where, k)
+            cache[1].index_copy_(2, where, v)
+        else:  # eager: a slice copy, a third of index_copy_'s time
+            cache[0][:, :, position : position + 1] = k
+            cache[1][:, :, position : position + 1] = v
         return self.attend(q, cache[0][:, :, : position + 1], cache[1][:, :, : position + 1]), cache
 
     # --- cross-attention

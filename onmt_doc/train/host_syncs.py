@@ -5,7 +5,7 @@ On a GPU the host queues kernels ahead of the device; an operator whose result t
 caught up, so a step costs the device time plus the host time instead of the larger of the two.
 Those operators are the same on every device, so a CPU run can count them: :class:`OpCounter`
 records every ATen operator a block dispatches (autograd's backward included) and which of them are
-host synchronisations on CUDA. Tests assert that a training step has none (``tests/test_host_syncs.py``);
+host synchronisations on CUDA. Tests assert that a training step has none (``tests/test_training_step.py``);
 the ``step_ops`` benchmark reports operators and syncs per step for every model
 (``benchmarks/specs/step_ops.yaml``), the CPU proxy of a GPU step's launch count.
 """
@@ -54,22 +54,32 @@ def is_host_sync(func: Any, args: tuple, kwargs: dict) -> bool:
 
 class OpCounter(TorchDispatchMode):
     """``with OpCounter() as ops: step()``: ``ops.total`` operators dispatched, ``ops.syncs`` of them
-    host synchronisations on CUDA, ``ops.sync_ops`` which (name: count)."""
+    host synchronisations on CUDA, ``ops.sync_ops`` which (name: count), ``ops.names`` every
+    operator's count and ``ops.host_data`` the tensors made from Python data."""
 
     def __init__(self) -> None:
         super().__init__()
         self.total = 0
         self.sync_ops: Counter = Counter()
+        self.names: Counter = Counter()
 
     @property
     def syncs(self) -> int:
         """Host synchronisations counted."""
         return sum(self.sync_ops.values())
 
+    @property
+    def host_data(self) -> int:
+        """Tensors made from Python data (``torch.tensor([...])``, ``aten.lift_fresh``): made on a GPU,
+        each is a blocking copy from host memory, which waits for the device's queue like a read
+        (not counted in :attr:`syncs`: made on the host, for the host, it costs nothing)."""
+        return self.names["aten.lift_fresh"]
+
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
         """Count ``func`` (and whether it syncs), then run it."""
         kwargs = kwargs or {}
         self.total += 1
+        self.names[str(func.overloadpacket)] += 1
         if is_host_sync(func, args, kwargs):
             self.sync_ops[str(func.overloadpacket)] += 1
         return func(*args, **kwargs)

@@ -70,7 +70,7 @@ class Step:
 
 
 class Rule:
-    """One decoding rule: the tokens it forces (:meth:`forced`) and forbids (:meth:`allowed`) at a
+    """One decoding rule: the tokens it forces (:meth:`forced`) and forbids (:meth:`forbid`) at a
     step. Forcing and forbidding are separate hooks because they combine differently: forbidden
     tokens add up, while one forced token per row wins (:func:`apply_rules`)."""
 
@@ -79,10 +79,9 @@ class Rule:
         rule forces nothing at this step."""
         return None
 
-    def allowed(self, log_probs: torch.Tensor, step: Step) -> torch.Tensor:
-        """``log_probs`` [rows, V] with what the rule forbids at -inf, as a new tensor (the input
-        holds the scores forced tokens keep)."""
-        return log_probs
+    def forbid(self, log_probs: torch.Tensor, step: Step) -> None:
+        """Set what the rule forbids to -inf in ``log_probs`` [rows, V], in place (:func:`apply_rules`
+        hands the rules one copy of the scores: the model's stay for the forced tokens)."""
 
     def advance(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:
         """After a step, for rules with per-row state: the live rows are now this step's ``rows``
@@ -107,11 +106,9 @@ class SentenceMarkup(Rule):
         last = step.last
         return torch.where(last.eq(BOS_ID), SOS_ID, torch.where(last.eq(EOS_SENT_ID), EOS_ID, _free(last)))
 
-    def allowed(self, log_probs: torch.Tensor, step: Step) -> torch.Tensor:
-        """See :meth:`Rule.allowed`: no ``<eos>`` but where it is forced (after ``</s>``, at the cap)."""
-        lp = log_probs.clone()
-        lp[:, EOS_ID] = NEG_INF
-        return lp
+    def forbid(self, log_probs: torch.Tensor, step: Step) -> None:
+        """See :meth:`Rule.forbid`: no ``<eos>`` but where it is forced (after ``</s>``, at the cap)."""
+        log_probs[:, EOS_ID] = NEG_INF
 
 
 class SentenceCount(Rule):
@@ -132,11 +129,9 @@ class SentenceCount(Rule):
         to_go = step.last.eq(EOS_SENT_ID) & self._left(step).gt(0)
         return torch.where(to_go, SOS_ID, _free(step.last))
 
-    def allowed(self, log_probs: torch.Tensor, step: Step) -> torch.Tensor:
-        """See :meth:`Rule.allowed`."""
-        lp = log_probs.clone()
-        lp[:, EOS_ID] = lp[:, EOS_ID].masked_fill(self._left(step).gt(1), NEG_INF)
-        return lp
+    def forbid(self, log_probs: torch.Tensor, step: Step) -> None:
+        """See :meth:`Rule.forbid`."""
+        log_probs[:, EOS_ID].masked_fill_(self._left(step).gt(1), NEG_INF)
 
     def advance(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:
         """See :meth:`Rule.advance`."""
@@ -152,17 +147,17 @@ class ForbiddenTokens(Rule):
 
     def __init__(self, rows: int, device: torch.device, markup: bool = True):
         """``rows``: the live rows at the first step (one per batch row)."""
-        self.never = NEVER if markup else (*NEVER, SOS_ID, EOS_SENT_ID)
+        # made once: a tensor made from a list at every step is, on a GPU, a blocking copy from host memory
+        self.never = torch.tensor(NEVER if markup else (*NEVER, SOS_ID, EOS_SENT_ID), device=device)
         self.words = torch.zeros(rows, dtype=torch.long, device=device)  # [rows] words in the current sentence
 
-    def allowed(self, log_probs: torch.Tensor, step: Step) -> torch.Tensor:
-        """See :meth:`Rule.allowed`."""
-        lp = log_probs.index_fill(1, torch.tensor(self.never, device=log_probs.device), NEG_INF)
-        lp[:, SOS_ID] = lp[:, SOS_ID].masked_fill(~(step.last.eq(BOS_ID) | step.last.eq(EOS_SENT_ID)), NEG_INF)
+    def forbid(self, log_probs: torch.Tensor, step: Step) -> None:
+        """See :meth:`Rule.forbid`."""
+        log_probs.index_fill_(1, self.never, NEG_INF)
+        log_probs[:, SOS_ID].masked_fill_(~(step.last.eq(BOS_ID) | step.last.eq(EOS_SENT_ID)), NEG_INF)
         empty = self.words.eq(0)
-        lp[:, EOS_SENT_ID] = lp[:, EOS_SENT_ID].masked_fill(empty, NEG_INF)
-        lp[:, EOS_ID] = lp[:, EOS_ID].masked_fill(empty, NEG_INF)
-        return lp
+        log_probs[:, EOS_SENT_ID].masked_fill_(empty, NEG_INF)
+        log_probs[:, EOS_ID].masked_fill_(empty, NEG_INF)
 
     def advance(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:
         """See :meth:`Rule.advance`."""
@@ -205,16 +200,16 @@ def apply_rules(rules: Sequence[Rule], log_probs: torch.Tensor, step: Step) -> t
     """``log_probs`` [rows, V] (the model's, after ``Decoder.constrain``) with every rule applied:
     what any rule forbids at -inf; a row some rule forces may only continue with the last such
     rule's token, at its score in ``log_probs``."""
-    allowed, force = log_probs, None
+    allowed, force = log_probs.clone(), None
     for rule in rules:
-        allowed = rule.allowed(allowed, step)
+        rule.forbid(allowed, step)
         token = rule.forced(step)
         if token is not None:
             force = token if force is None else torch.where(token.ge(0), token, force)
     # the packed (CPU) path skips the forcing when a step forces nothing; on a GPU asking costs a device read
     if force is None or (not devices.fused(force.device) and not force.ge(0).any()):
         return allowed
-    return torch.where(force.ge(0)[:, None], force_tokens(log_probs, force.clamp(min=0)), allowed)
+    return force_tokens(log_probs, force, out=allowed)
 
 
 class SearchRules:
