@@ -147,9 +147,17 @@ def peer_training(log_text: str) -> dict:
     }
 
 
+def peer_script(ctx: StageContext) -> Optional[str]:
+    """``run_onmt_bench.sh``: in ``$PEERS_SCRIPTS``, else ``../shared/peers`` beside the repository
+    (a clone elsewhere has no such folder); None when it is not there."""
+    folder = os.environ.get("PEERS_SCRIPTS") or os.path.join(ctx.repo, "..", "shared", "peers")
+    script = os.path.join(folder, "run_onmt_bench.sh")
+    return script if os.path.exists(script) else None
+
+
 def run_peer(p: PeerParams, ctx: StageContext, venv: str, tok_dir: str, out: str, skip_train: bool) -> float:
-    """``run_onmt_bench.sh`` (../shared/peers): OpenNMT-py training, onmt_translate, CTranslate2."""
-    script = os.path.join(ctx.repo, "..", "shared", "peers", "run_onmt_bench.sh")
+    """``run_onmt_bench.sh`` (:func:`peer_script`): OpenNMT-py training, onmt_translate, CTranslate2."""
+    script = peer_script(ctx)
     env = dict(os.environ, STEPS=str(p.steps), LAYERS="3", DMODEL="256", HEADS="4", FF="1024", DROPOUT="0.1")
     env.update(BATCH_TOKENS=str(p.onmt_batch_tokens), WARMUP="100", LR="0.5", BEAM=str(p.beam), TBATCH=str(p.tbatch))
     env.update(THREADS=str(p.threads), VOCAB_SIZE="32768", SRC_EXT="en", TGT_EXT="de", SEED="1234", VENV=venv)
@@ -197,6 +205,9 @@ def peer_opennmt(p: PeerParams, ctx: StageContext) -> None:
     venv = peer_venv(p.venv)
     if venv is None:
         ctx.record(skipped=f"OpenNMT-py venv not found: {SETUP}")
+        return
+    if peer_script(ctx) is None:
+        ctx.record(skipped="run_onmt_bench.sh not found in ../shared/peers beside the repository: set PEERS_SCRIPTS")
         return
     torch.set_num_threads(p.threads)
     data = multi30k(ctx, p.train_lines, p.test_lines)
