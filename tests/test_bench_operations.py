@@ -50,5 +50,8 @@ def test_logged_steps_and_orphans(tmp_path):
 
 @pytest.mark.parametrize("name", ["peers.yaml", "fault_injection.yaml", "server_load.yaml"])
 def test_specs_load(name):
+    """Smoke budgets stay small: 40 s, but for the peers, which on a machine with their venv train and
+    translate with OpenNMT-py for real at smoke size (~150 s; without it they are skipped at once)."""
     spec = load_spec(name)
-    assert spec.smoke_budget_seconds <= 40 and os.path.basename(spec.path) == name
+    assert spec.smoke_budget_seconds <= (400 if name == "peers.yaml" else 40)
+    assert os.path.basename(spec.path) == name
