@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import pytest
 import torch
 
@@ -87,3 +88,54 @@ def test_a_batch_moves_with_its_host_plans(device):
     assert torch.equal(got.cu_q.cpu(), segments.cu_q) and batch.plans["segments"] is segments  # a copy, not a move
     pair = moved.plans["pair"]
     assert isinstance(pair, _Pair) and pair.offsets.device.type == device.type and pair.count == 7
+
+
+def test_host_planning_runs_eagerly_inside_a_compiled_function():
+    """``host_planning`` keeps numpy planning out of compiled graphs as ``torch.compiler.disable``
+    did: under ``torch.compile`` a call is a graph break and the body runs eagerly (it sees
+    ``is_compiling()`` False), and so does the planning it calls, also from a comprehension (as
+    HM-GDC's decoder plans per bucket); traced, its numpy would become graph ops or specialise on the
+    batch's values. Outside compiled code it is the plain function."""
+    from onmt_doc.modules.host_planning import host_planning
+
+    seen: list[tuple[str, bool]] = []
+
+    @host_planning
+    def counts(n: int, device: torch.device) -> tuple[torch.Tensor, int]:
+        seen.append(("counts", torch.compiler.is_compiling()))
+        found = torch.from_numpy(np.bincount(np.arange(n) % 3, minlength=3))
+        return found.to(device), int(found.max().item())
+
+    @host_planning
+    def plan(n: int, device: torch.device) -> tuple[torch.Tensor, int]:
+        seen.append(("plan", torch.compiler.is_compiling()))
+        return counts(n, device)
+
+    class Model(torch.nn.Module):
+        def forward(self, x: torch.Tensor, buckets: list[torch.Tensor]) -> torch.Tensor:
+            plans = [plan(b.numel(), x.device) for b in buckets]
+            return x.sum() + sum(p[0].sum() * p[1] for p in plans)
+
+    x, buckets = torch.ones(3, 4), [torch.arange(5), torch.arange(7)]
+    want = torch.tensor(12.0 + 5 * 2 + 7 * 3)
+    assert torch.equal(torch.compile(Model(), backend="eager", dynamic=True)(x, buckets), want)
+    assert seen == [("plan", False), ("counts", False)] * 2
+    seen.clear()
+    assert torch.equal(Model()(x, buckets), want) and seen == [("plan", False), ("counts", False)] * 2
+
+
+def test_translating_never_imports_torch_dynamo(trained_run):
+    """Importing the model code and translating on a CPU leave ``torch._dynamo`` unimported: its import
+    is ~1 s of every command's start, and only compiling needs it (``torch.compiler.disable`` at import
+    time imported it in every process)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from onmt_doc import Translator; import onmt_doc.bin.translate, onmt_doc.bin.server;"
+        f"t = Translator.load({str(trained_run / 'checkpoints' / 'last.pt')!r}, device='cpu', beam=2);"
+        "t.translate([['a b c .', 'd e .']]); print('torch._dynamo' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == "False"

@@ -45,6 +45,7 @@ from onmt_doc.modules.document_packing import (
     host_array,
     plan_document_rows,
 )
+from onmt_doc.modules.host_planning import host_planning
 from onmt_doc.modules.row_buckets import RowBucket, row_plan, unbucket, whole_batch
 
 
@@ -126,7 +127,7 @@ class DocContextDecoderLayer(TransformerDecoderLayer):
 ROWS_PLAN = "hm_gdc.decoder_rows"  # the decoder's plan in ``Batch.plans`` (made by ``host_plans``)
 
 
-@torch.compiler.disable  # host planning in numpy: outside any compiled graph
+@host_planning
 def _plan_rows(
     batch: Batch, buckets: list[RowBucket], keep: torch.Tensor, row_doc: torch.Tensor, n_docs: int
 ) -> RowsPlan:
@@ -274,7 +275,7 @@ def own_attention(
     ]
 
 
-@torch.compiler.disable  # host planning in numpy: outside any compiled graph
+@host_planning
 def _plan_own_rows(rows: int, length: int, device: Union[str, torch.device]) -> RowsPlan:
     """The packing of ``rows`` rows of ``length`` queries when every row is its own document
     (``context: own_sentence``): rows 0..rows - 1 are known without reading the device."""

@@ -49,6 +49,7 @@ from onmt_doc.modules.document_packing import (
 )
 from onmt_doc.modules.dropout import Dropout
 from onmt_doc.modules.embeddings import SinusoidalPositions
+from onmt_doc.modules.host_planning import host_planning
 from onmt_doc.modules.row_buckets import RowBucket, batch_order, row_plan, unbucket, whole_batch
 from onmt_doc.registry import registry_for
 
@@ -231,7 +232,7 @@ class EncoderPlan:
     rows: Optional[RowsPlan]  # the buckets' words as queries over their document (``context: document``)
 
 
-@torch.compiler.disable  # host planning in numpy: outside any compiled graph
+@host_planning
 def plan_encoder(batch: Batch, keep: torch.Tensor, document_reading: bool) -> EncoderPlan:
     """The :class:`EncoderPlan` of ``batch`` (``keep`` [R, L]: its real positions), from the batch's
     host copy where it has one (``Batch.host``: no device read on a GPU)."""

@@ -18,6 +18,7 @@ import torch
 
 from onmt_doc.modules import analysis
 from onmt_doc.modules.attention import KV, MultiHeadAttention, Probe, attention_probs
+from onmt_doc.modules.host_planning import host_planning
 
 
 def group_slots(group: torch.Tensor, n_groups: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,7 +79,7 @@ class Packing:
         return pad.index_fill(0, self.index, False).view(self.docs, self.slots)
 
 
-@torch.compiler.disable  # host planning in numpy: outside any compiled graph
+@host_planning
 def plan_packing(
     row_doc: HostArray,
     n_docs: int,
@@ -147,7 +148,7 @@ class RowsPlan:
     wheres: list[Optional[torch.Tensor]]
 
 
-@torch.compiler.disable  # host planning in numpy: outside any compiled graph
+@host_planning
 def plan_document_rows(
     shapes: Sequence[tuple[int, int]],
     row_docs: Sequence[HostArray],

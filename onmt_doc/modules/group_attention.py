@@ -24,6 +24,7 @@ from onmt_doc import devices
 from onmt_doc.modules import analysis
 from onmt_doc.modules.attention import attention_probs, grow_kv
 from onmt_doc.modules.document_packing import group_slots
+from onmt_doc.modules.host_planning import host_planning
 from onmt_doc.modules.row_buckets import bucket_rows
 from onmt_doc.modules.varlen_attention import SegmentPlan, plan_cross_segments, plan_self_segments, segment_attend
 
@@ -200,7 +201,7 @@ def prepared_plan(plans: dict, key: str) -> Optional[Plan]:
     return None if analysis.active() else plans.get(key)
 
 
-@torch.compiler.disable  # host planning in numpy: outside any compiled graph
+@host_planning
 def self_plan(tags: torch.Tensor, keep: torch.Tensor, causal: bool, host: HostPair = None) -> Plan:
     """The self-attention plan of the device's path (:func:`onmt_doc.devices.fused`): sentence
     offsets built on the host from ``host`` (the batch's host copies of ``tags`` and ``keep``) for the
@@ -211,7 +212,7 @@ def self_plan(tags: torch.Tensor, keep: torch.Tensor, causal: bool, host: HostPa
     return plan_self(tags, keep, causal)
 
 
-@torch.compiler.disable
+@host_planning
 def cross_plan(
     q_tags: torch.Tensor,
     q_keep: torch.Tensor,
