@@ -24,7 +24,7 @@ def host_planning(fn: Fn) -> Fn:
       a graph break, then ``fn`` runs eagerly with compilation off, and so does all it calls.
     - Run eagerly in a process that has imported ``torch._dynamo``, the call is to ``fn`` disabled as
       well: this wrapper may be running in a frame dynamo gave up on, with its frame hook still set,
-      which would otherwise compile ``fn``'s own frame (numpy under tracing). ~4 µs a call.
+      which would otherwise compile ``fn``'s own frame (numpy under tracing). Under 1 µs a call.
     - Otherwise (nothing in the process compiles) ``fn`` runs as it is.
 
     tests/test_devices.py checks the bodies never run traced; the document models' tests, that the
