@@ -40,3 +40,18 @@ def test_every_spec_runs_end_to_end_at_smoke_size(smoke_runs, spec):
     errors = [r["error"] for r in rows if "error" in r]
     assert status and set(status.values()) == {"ok"} and not errors, (status, errors, done.stderr[-3000:])
     assert len(rows) > len(status)  # every stage recorded something besides its status
+
+
+def test_the_recipe_scores_every_system_before_any_ablation(smoke_runs):
+    """recipes/docmt-en-de evaluates in phases (the GPU spec's ``documents`` stage runs it): every
+    system's test BLEU comes before any system's context ablation, so a run its budget cuts off still
+    has the main table whole (system by system, the G-Transformer's ablation outlasted the budget of
+    the systems after it)."""
+    out, done = smoke_runs
+    rows = [json.loads(line) for line in (out / "gpu" / "results.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r.get("stage") == "documents"]
+    scored = [i for i, r in enumerate(rows) if "s_bleu_ci" in r and "domain" in r]
+    ablated = [i for i, r in enumerate(rows) if "nll_per_word" in r]
+    systems = {r["system"] for r in rows if "s_bleu_ci" in r and "domain" in r}
+    assert systems == {"sentence", "sentence_ft", "g_transformer", "hm_gdc", "k_to_1", "k_to_k"}, done.stderr[-2000:]
+    assert ablated and max(scored) < min(ablated)

@@ -123,9 +123,7 @@ def run(opt: Options, record: Record) -> None:
             record(system=name, skipped=f"out of time ({(deadline - time.time()) / 60:.1f} min left)")
             continue
         trained[name] = train(opt, name, config, which, data, trained.get("sentence"), minutes, record)
-    for name in (s[0] for s in SYSTEMS):
-        if name in trained:
-            evaluate(opt, name, trained[name], data, record, deadline)
+    evaluate(opt, trained, data, record, deadline)
     check_cpu(opt, trained, data, record, deadline)
 
 
@@ -287,13 +285,29 @@ def ablation_docs(data: dict, domains: list) -> tuple[Docs, Docs]:
     ]
 
 
-def evaluate(opt: Options, name: str, ckpt: str, data: dict, record: Record, deadline: float) -> None:
-    """Test BLEU per domain with intervals; for document systems the context ablation and CXMI."""
+def evaluate(opt: Options, trained: dict, data: dict, record: Record, deadline: float) -> None:
+    """Every trained system (``trained``: system -> checkpoint, in SYSTEMS' order) in phases, the table's
+    core first, so a run its budget cuts off still has the main table whole: test BLEU of every system,
+    then for the baseline and the document systems the context ablation, CXMI and the toy suite (system
+    by system, the G-Transformer's ablation alone outlasted the budget of the systems after it)."""
     from onmt_doc import Translator
-    from onmt_doc.evaluation.corpus_metrics import bleu_ci
-    from onmt_doc.evaluation.cxmi import cxmi
 
-    translator = Translator.load(ckpt, device=opt.device, beam=opt.beam)
+    translators = {name: Translator.load(ckpt, device=opt.device, beam=opt.beam) for name, ckpt in trained.items()}
+    for name, translator in translators.items():
+        test_bleu(opt, name, translator, data, record, deadline)
+    readers = [name for name in translators if name in DOCUMENT_SYSTEMS or name == "sentence_ft"]
+    for name in readers:
+        context_ablation(opt, name, translators[name], data, record, deadline)
+    for name in readers:
+        context_cxmi(opt, name, translators[name], data, record, deadline)
+    for name in readers:
+        contrastive_sanity(opt, name, translators[name], record, deadline)
+
+
+def test_bleu(opt: Options, name: str, translator: Translator, data: dict, record: Record, deadline: float) -> None:
+    """s-BLEU and d-BLEU per test domain, with 95% intervals over documents."""
+    from onmt_doc.evaluation.corpus_metrics import bleu_ci
+
     for domain in opt.domains:
         if time.time() > deadline:
             record(system=name, domain=domain, skipped="out of time")
@@ -307,8 +321,15 @@ def evaluate(opt: Options, name: str, ckpt: str, data: dict, record: Record, dea
         n = sum(map(len, src))
         record(system=name, domain=domain, docs=len(src), sentences=n, s_bleu=s, s_bleu_ci=[s_lo, s_hi],
                d_bleu=d, d_bleu_ci=[d_lo, d_hi], sent_per_s=n / seconds)  # fmt: skip
-    if name not in DOCUMENT_SYSTEMS and name != "sentence_ft":
-        return
+
+
+def context_ablation(
+    opt: Options, name: str, translator: Translator, data: dict, record: Record, deadline: float
+) -> None:
+    """The references' nats per word and the s-BLEU of the translations with the true context, none
+    and a shuffled one (:func:`ablated`)."""
+    from onmt_doc.evaluation.corpus_metrics import bleu_ci
+
     docs = ablation_docs(data, opt.domains)
     for condition in ("true", "none", "shuffled"):
         if time.time() > deadline:
@@ -320,11 +341,19 @@ def evaluate(opt: Options, name: str, ckpt: str, data: dict, record: Record, dea
         hyp = translator.translate(src)
         s, lo, hi = bleu_ci(hyp, ref, "sentence", opt.bootstrap, opt.seed)
         record(system=name, context=condition, nll_per_word=nll, s_bleu=s, s_bleu_ci=[lo, hi])
-    if time.time() < deadline:
-        result = cxmi(translator, [list(zip(s, r)) for s, r in zip(*docs)], top_tokens=5)
-        record(system=name, cxmi=result["cxmi"], cxmi_tokens=result["tokens"],
-               top_tokens=[t["token"] for t in result["top_tokens"]])  # fmt: skip
-    contrastive_sanity(opt, name, translator, record, deadline)
+
+
+def context_cxmi(opt: Options, name: str, translator: Translator, data: dict, record: Record, deadline: float) -> None:
+    """CXMI on the ablation documents (Fernandes et al., 2021): 0 exactly for a sentence model."""
+    from onmt_doc.evaluation.cxmi import cxmi
+
+    if time.time() > deadline:
+        record(system=name, skipped="CXMI: out of time")
+        return
+    docs = ablation_docs(data, opt.domains)
+    result = cxmi(translator, [list(zip(s, r)) for s, r in zip(*docs)], top_tokens=5)
+    record(system=name, cxmi=result["cxmi"], cxmi_tokens=result["tokens"],
+           top_tokens=[t["token"] for t in result["top_tokens"]])  # fmt: skip
 
 
 def contrastive_sanity(opt: Options, name: str, translator: Translator, record: Record, deadline: float) -> None:
